@@ -1,0 +1,63 @@
+//! The core of [idem]: keys, fingerprints, the record state machine and the
+//! stores that keep it.
+//!
+//! Most users reach this crate through `idem-tower`, which re-exports it.
+//! Use it directly to write a store, or to drive the state machine by hand
+//! outside HTTP:
+//!
+//! ```
+//! use std::time::Duration;
+//! use http::{HeaderMap, Method};
+//! use idem_core::{Claim, Fingerprint, FingerprintSpec, IdempotencyStore, KeyTemplate, MemoryStore, Outcome, RequestView};
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let template: KeyTemplate = "pay-callback:{path:payment_no}".parse()?;
+//! let headers = HeaderMap::new();
+//! let params = [("payment_no".to_owned(), "P-1".to_owned())];
+//! let request = RequestView::new(&Method::POST, "/payments/{payment_no}/callback", &headers)
+//!     .path_params(&params)
+//!     .body(br#"{"status":"PAID"}"#);
+//!
+//! let key = template.evaluate(&request, "idem:")?;
+//! let fingerprint = Fingerprint::of(&request, &FingerprintSpec::Request)?;
+//!
+//! let store = MemoryStore::new();
+//! match store.claim(&key, &fingerprint, Duration::from_secs(30)).await? {
+//!     Claim::Acquired(owner) => {
+//!         // first time: do the work, then record the outcome
+//!         store.complete(&key, &owner, &Outcome::NotReplayable, Duration::from_secs(3600)).await?;
+//!     }
+//!     Claim::Replay(_) | Claim::InFlight { .. } | Claim::Mismatch => unreachable!(),
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+//! ```
+//!
+//! [idem]: https://docs.rs/idem-tower
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod error;
+mod fingerprint;
+mod key;
+pub mod record;
+mod response;
+mod store;
+
+#[cfg(feature = "memory")]
+#[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
+mod memory;
+
+#[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+pub mod conformance;
+
+pub use error::{BoxError, Error, ErrorKind};
+pub use fingerprint::{Fingerprint, FingerprintSpec};
+pub use key::{
+    DEFAULT_NAMESPACE, IdempotencyKey, KeyError, KeyTemplate, MAX_PART_LEN, Placeholder,
+    RequestView, TemplateError, TemplateErrorKind,
+};
+#[cfg(feature = "memory")]
+pub use memory::{DEFAULT_MAX_BYTES, MemoryStore};
+pub use record::{Claim, DecodeError, Outcome, OwnerToken, Record};
+pub use response::StoredResponse;
+pub use store::IdempotencyStore;

@@ -1,0 +1,284 @@
+//! A compact, versioned binary form of [`Record`].
+//!
+//! The layout puts the state and the owner at fixed offsets so that a Lua
+//! script can compare owners without decoding the rest:
+//!
+//! ```text
+//! byte 0      version (1)
+//! byte 1      b'I' in flight | b'C' completed
+//! in flight:  owner[16] fingerprint[32]
+//! completed:  fingerprint[32] then b'N' (not replayable)
+//!             or b'R' status:u16 headers:u16 {name_len:u16 name value_len:u32 value}* body_len:u32 body
+//! ```
+//! All integers big-endian.
+
+use std::fmt;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+
+use super::{Outcome, OwnerToken, Record};
+use crate::{Fingerprint, StoredResponse};
+
+const VERSION: u8 = 1;
+
+impl Record {
+    /// The record as bytes, for stores that keep it as one value.
+    ///
+    /// ```
+    /// use idem_core::{Fingerprint, OwnerToken, Record};
+    ///
+    /// let record = Record::InFlight {
+    ///     owner: OwnerToken::generate(),
+    ///     fingerprint: Fingerprint::from_bytes([7; 32]),
+    /// };
+    /// assert_eq!(Record::decode(&record.encode())?, record);
+    /// # Ok::<(), idem_core::DecodeError>(())
+    /// ```
+    pub fn encode(&self) -> Bytes {
+        let mut out = BytesMut::with_capacity(64);
+        out.put_u8(VERSION);
+        match self {
+            Self::InFlight { owner, fingerprint } => {
+                out.put_u8(b'I');
+                out.put_slice(owner.as_bytes());
+                out.put_slice(fingerprint.as_bytes());
+            }
+            Self::Completed {
+                fingerprint,
+                outcome,
+            } => {
+                out.put_u8(b'C');
+                out.put_slice(fingerprint.as_bytes());
+                encode_outcome(&mut out, outcome);
+            }
+        }
+        out.freeze()
+    }
+
+    /// Decodes what [`Record::encode`] wrote. Anything else, truncated or
+    /// trailing bytes included, is a [`DecodeError`], never a panic.
+    pub fn decode(mut bytes: &[u8]) -> Result<Self, DecodeError> {
+        let buf = &mut bytes;
+        let version = take_u8(buf)?;
+        if version != VERSION {
+            return Err(DecodeError::Version(version));
+        }
+        let record = match take_u8(buf)? {
+            b'I' => Self::InFlight {
+                owner: OwnerToken::from_bytes(take_array(buf)?),
+                fingerprint: Fingerprint::from_bytes(take_array(buf)?),
+            },
+            b'C' => Self::Completed {
+                fingerprint: Fingerprint::from_bytes(take_array(buf)?),
+                outcome: decode_outcome(buf)?,
+            },
+            other => return Err(DecodeError::Tag(other)),
+        };
+        if buf.has_remaining() {
+            return Err(DecodeError::Trailing);
+        }
+        Ok(record)
+    }
+}
+
+impl Outcome {
+    /// The outcome as bytes, for stores that keep it in a column of its own.
+    pub fn encode(&self) -> Bytes {
+        let mut out = BytesMut::new();
+        encode_outcome(&mut out, self);
+        out.freeze()
+    }
+
+    /// Decodes what [`Outcome::encode`] wrote.
+    pub fn decode(mut bytes: &[u8]) -> Result<Self, DecodeError> {
+        let outcome = decode_outcome(&mut bytes)?;
+        if bytes.has_remaining() {
+            return Err(DecodeError::Trailing);
+        }
+        Ok(outcome)
+    }
+}
+
+fn encode_outcome(out: &mut BytesMut, outcome: &Outcome) {
+    match outcome {
+        Outcome::NotReplayable => out.put_u8(b'N'),
+        Outcome::Response(response) => {
+            out.reserve(response.size() + 16);
+            out.put_u8(b'R');
+            out.put_u16(response.status().as_u16());
+            let headers = response.headers();
+            out.put_u16(u16::try_from(headers.len()).unwrap_or(u16::MAX));
+            for (name, value) in headers.iter().take(usize::from(u16::MAX)) {
+                // Header names are at most 64 KiB by http's own limit.
+                out.put_u16(name.as_str().len() as u16);
+                out.put_slice(name.as_str().as_bytes());
+                out.put_u32(value.len() as u32);
+                out.put_slice(value.as_bytes());
+            }
+            out.put_u32(response.body().len() as u32);
+            out.put_slice(response.body());
+        }
+    }
+}
+
+fn decode_outcome(buf: &mut &[u8]) -> Result<Outcome, DecodeError> {
+    match take_u8(buf)? {
+        b'N' => Ok(Outcome::NotReplayable),
+        b'R' => {
+            let status =
+                StatusCode::from_u16(take_u16(buf)?).map_err(|_| DecodeError::Invalid("status"))?;
+            let count = take_u16(buf)?;
+            let mut headers = HeaderMap::with_capacity(usize::from(count));
+            for _ in 0..count {
+                let len = usize::from(take_u16(buf)?);
+                let name = HeaderName::from_bytes(take_slice(buf, len)?)
+                    .map_err(|_| DecodeError::Invalid("header name"))?;
+                let len = take_u32(buf)? as usize;
+                let value = HeaderValue::from_bytes(take_slice(buf, len)?)
+                    .map_err(|_| DecodeError::Invalid("header value"))?;
+                headers.append(name, value);
+            }
+            let len = take_u32(buf)? as usize;
+            let body = Bytes::copy_from_slice(take_slice(buf, len)?);
+            Ok(Outcome::Response(StoredResponse::new(
+                status, headers, body,
+            )))
+        }
+        other => Err(DecodeError::Tag(other)),
+    }
+}
+
+fn take_slice<'a>(buf: &mut &'a [u8], len: usize) -> Result<&'a [u8], DecodeError> {
+    if buf.len() < len {
+        return Err(DecodeError::Truncated);
+    }
+    let (head, tail) = buf.split_at(len);
+    *buf = tail;
+    Ok(head)
+}
+
+fn take_array<const N: usize>(buf: &mut &[u8]) -> Result<[u8; N], DecodeError> {
+    let mut out = [0; N];
+    out.copy_from_slice(take_slice(buf, N)?);
+    Ok(out)
+}
+
+fn take_u8(buf: &mut &[u8]) -> Result<u8, DecodeError> {
+    Ok(take_array::<1>(buf)?[0])
+}
+
+fn take_u16(buf: &mut &[u8]) -> Result<u16, DecodeError> {
+    Ok(u16::from_be_bytes(take_array(buf)?))
+}
+
+fn take_u32(buf: &mut &[u8]) -> Result<u32, DecodeError> {
+    Ok(u32::from_be_bytes(take_array(buf)?))
+}
+
+/// Why stored bytes are not a record this version can read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// Written by a format version this code does not know.
+    Version(u8),
+    /// An unknown state or outcome tag.
+    Tag(u8),
+    /// The bytes end early.
+    Truncated,
+    /// Bytes left over after a whole record.
+    Trailing,
+    /// A field that does not hold a valid value.
+    Invalid(&'static str),
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Version(v) => write!(f, "unknown record format version {v}"),
+            Self::Tag(t) => write!(f, "unknown record tag {t:#04x}"),
+            Self::Truncated => f.write_str("record truncated"),
+            Self::Trailing => f.write_str("trailing bytes after record"),
+            Self::Invalid(what) => write!(f, "invalid {what} in record"),
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+impl From<DecodeError> for crate::Error {
+    fn from(err: DecodeError) -> Self {
+        crate::Error::new(crate::ErrorKind::Corrupt, err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn completed(headers: HeaderMap, body: &'static [u8]) -> Record {
+        Record::Completed {
+            fingerprint: Fingerprint::from_bytes([3; 32]),
+            outcome: Outcome::Response(StoredResponse::new(StatusCode::CREATED, headers, body)),
+        }
+    }
+
+    #[test]
+    fn round_trips_repeated_and_non_utf8_headers() {
+        let mut headers = HeaderMap::new();
+        headers.append("link", HeaderValue::from_static("<a>"));
+        headers.append("link", HeaderValue::from_static("<b>"));
+        headers.append("x-bin", HeaderValue::from_bytes(b"caf\xe9").unwrap());
+        let record = completed(headers, b"\x00body\xff");
+        let decoded = Record::decode(&record.encode()).unwrap();
+        assert_eq!(decoded, record);
+        let Record::Completed {
+            outcome: Outcome::Response(r),
+            ..
+        } = decoded
+        else {
+            panic!("expected a response")
+        };
+        let links: Vec<_> = r.headers().get_all("link").iter().collect();
+        assert_eq!(links, ["<a>", "<b>"]);
+    }
+
+    #[test]
+    fn round_trips_not_replayable() {
+        let record = Record::Completed {
+            fingerprint: Fingerprint::from_bytes([1; 32]),
+            outcome: Outcome::NotReplayable,
+        };
+        assert_eq!(Record::decode(&record.encode()).unwrap(), record);
+        assert_eq!(
+            Outcome::decode(&Outcome::NotReplayable.encode()).unwrap(),
+            Outcome::NotReplayable
+        );
+    }
+
+    #[test]
+    fn owner_sits_at_a_fixed_offset() {
+        let owner = OwnerToken::generate();
+        let bytes = Record::InFlight {
+            owner,
+            fingerprint: Fingerprint::from_bytes([0; 32]),
+        }
+        .encode();
+        assert_eq!(&bytes[..2], b"\x01I");
+        assert_eq!(&bytes[2..18], owner.as_bytes());
+    }
+
+    #[test]
+    fn every_truncation_is_an_error_not_a_panic() {
+        let mut headers = HeaderMap::new();
+        headers.insert("etag", HeaderValue::from_static("\"x\""));
+        let bytes = completed(headers, b"hello").encode();
+        for end in 0..bytes.len() {
+            assert!(Record::decode(&bytes[..end]).is_err(), "prefix {end}");
+        }
+        let mut extra = bytes.to_vec();
+        extra.push(0);
+        assert_eq!(Record::decode(&extra), Err(DecodeError::Trailing));
+        assert_eq!(Record::decode(b"\x09I"), Err(DecodeError::Version(9)));
+    }
+}

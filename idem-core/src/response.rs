@@ -1,0 +1,65 @@
+//! The response kept for replay.
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+
+/// A response as it is stored and replayed: status, the allow-listed headers
+/// (repeated and non-UTF-8 values kept as they were) and the body.
+///
+/// ```
+/// use idem_core::StoredResponse;
+/// use http::{HeaderMap, StatusCode, header};
+///
+/// let mut headers = HeaderMap::new();
+/// headers.insert(header::LOCATION, "/orders/7".parse().unwrap());
+/// let stored = StoredResponse::new(StatusCode::CREATED, headers, r#"{"order_id":7}"#);
+/// assert_eq!(stored.status(), StatusCode::CREATED);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl StoredResponse {
+    /// A stored response. `headers` should already be filtered to the ones
+    /// worth replaying.
+    pub fn new(status: StatusCode, headers: HeaderMap, body: impl Into<Bytes>) -> Self {
+        Self {
+            status,
+            headers,
+            body: body.into(),
+        }
+    }
+
+    /// The status code.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The stored headers.
+    pub fn headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+
+    /// The body.
+    pub fn body(&self) -> &Bytes {
+        &self.body
+    }
+
+    /// Status, headers and body, by value.
+    pub fn into_parts(self) -> (StatusCode, HeaderMap, Bytes) {
+        (self.status, self.headers, self.body)
+    }
+
+    /// Approximate size in bytes, for capacity accounting.
+    pub fn size(&self) -> usize {
+        self.body.len()
+            + self
+                .headers
+                .iter()
+                .map(|(k, v)| k.as_str().len() + v.len())
+                .sum::<usize>()
+    }
+}

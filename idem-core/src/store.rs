@@ -1,0 +1,103 @@
+//! The contract every backend implements.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::{Claim, Error, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
+
+/// Where idempotency records live.
+///
+/// Every method is one atomic step of the record state machine (see
+/// [`record`](crate::record)); implementations must make each one a single
+/// compare-and-set against the store's own clock, so that any number of
+/// processes sharing the store agree on who owns a key.
+///
+/// Errors: [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable) when the
+/// backend could not answer (the outcome of the call is then unknown), and
+/// [`ErrorKind::LeaseLost`](crate::ErrorKind::LeaseLost) from `complete` or
+/// `release` when the caller no longer owns the record.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::{Claim, Fingerprint, IdempotencyKey, IdempotencyStore, MemoryStore, Outcome};
+///
+/// # tokio_test();
+/// # fn tokio_test() { tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let store = MemoryStore::new();
+/// let key = IdempotencyKey::new("idem:", "charge:42");
+/// let fp = Fingerprint::from_bytes([1; 32]);
+///
+/// let Claim::Acquired(owner) = store.claim(&key, &fp, Duration::from_secs(30)).await? else {
+///     panic!("a fresh key is free");
+/// };
+/// // ... run the handler ...
+/// store.complete(&key, &owner, &Outcome::NotReplayable, Duration::from_secs(86_400)).await?;
+/// assert_eq!(store.claim(&key, &fp, Duration::from_secs(30)).await?, Claim::Replay(Outcome::NotReplayable));
+/// # Ok::<(), idem_core::Error>(()) }).unwrap(); }
+/// ```
+pub trait IdempotencyStore: Send + Sync + 'static {
+    /// Claims `key` for a request with `fingerprint`, atomically:
+    ///
+    /// - absent, or in flight with an expired lease: becomes in flight under a
+    ///   fresh owner token with a lease of `lease`; returns
+    ///   [`Claim::Acquired`];
+    /// - live with another fingerprint: [`Claim::Mismatch`] (checked first);
+    /// - in flight with a live lease: [`Claim::InFlight`] with the lease left;
+    /// - completed: [`Claim::Replay`] with the stored outcome.
+    ///
+    /// At most one of any number of concurrent claims of a free key acquires it.
+    fn claim(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Claim, Error>> + Send;
+
+    /// Completes `key` with `outcome`, kept for `retention`, if `owner` still
+    /// holds it in flight; otherwise fails with `LeaseLost` and changes
+    /// nothing.
+    fn complete(
+        &self,
+        key: &IdempotencyKey,
+        owner: &OwnerToken,
+        outcome: &Outcome,
+        retention: Duration,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Removes `key` so the next request may run, if `owner` still holds it in
+    /// flight; otherwise fails with `LeaseLost` and changes nothing.
+    fn release(
+        &self,
+        key: &IdempotencyKey,
+        owner: &OwnerToken,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
+    fn claim(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Claim, Error>> + Send {
+        (**self).claim(key, fingerprint, lease)
+    }
+
+    fn complete(
+        &self,
+        key: &IdempotencyKey,
+        owner: &OwnerToken,
+        outcome: &Outcome,
+        retention: Duration,
+    ) -> impl Future<Output = Result<(), Error>> + Send {
+        (**self).complete(key, owner, outcome, retention)
+    }
+
+    fn release(
+        &self,
+        key: &IdempotencyKey,
+        owner: &OwnerToken,
+    ) -> impl Future<Output = Result<(), Error>> + Send {
+        (**self).release(key, owner)
+    }
+}
