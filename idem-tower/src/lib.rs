@@ -1,1 +1,77 @@
-//! wip
+//! Idempotent write endpoints for [tower] and [axum]: "charge, grant, ship"
+//! give the same result whether a request arrives once or fifteen times.
+//!
+//! Build an [`Idempotency`] handle on a store, then put an
+//! [`IdempotencyLayer`] on each write route with its key template. The first
+//! request with a key runs; duplicates get its stored response replayed
+//! (`Idempotent-Replayed: true`), a 409 while it is still running, or a 422
+//! if the key is reused for a different request.
+//!
+//! ```
+//! use axum::{Router, Json, routing::post, http::StatusCode};
+//! use idem_tower::{Idempotency, MemoryStore, Resolver};
+//!
+//! async fn create_order(Json(order): Json<serde_json::Value>) -> (StatusCode, Json<serde_json::Value>) {
+//!     (StatusCode::CREATED, Json(order))
+//! }
+//!
+//! # fn main() -> Result<(), idem_tower::TemplateError> {
+//! let idem = Idempotency::builder(MemoryStore::new())
+//!     .tenant(Resolver::header("x-tenant-id"))
+//!     .build();
+//!
+//! let app: Router = Router::new().route(
+//!     "/orders",
+//!     post(create_order).layer(idem.layer_with_key("order-create:{tenant}:{header:idempotency-key}")?),
+//! );
+//! # Ok(()) }
+//! ```
+//!
+//! Keys are templates (see [`KeyTemplate`]): `{tenant}`, `{user}`,
+//! `{header:NAME}`, `{path:NAME}`, `{query:NAME}`, `{body:/json/pointer}`,
+//! `{method}`, `{route}`. A part that resolves to nothing is a 400 naming
+//! it, never a shorter key.
+//!
+//! # Features
+//!
+//! - `memory` (default): [`MemoryStore`].
+//! - `axum`: matched routes and path parameters from axum, and the handle
+//!   as an extractor.
+//! - `test-util`: the store conformance suite.
+//!
+//! [tower]: https://docs.rs/tower
+//! [axum]: https://docs.rs/axum
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+#[cfg(feature = "axum")]
+mod axum;
+mod body;
+mod dyn_store;
+mod guard;
+mod idempotency;
+pub mod layer;
+mod problem;
+mod resolver;
+mod route;
+
+pub use body::ResponseBody;
+pub use idempotency::{
+    DEFAULT_LEASE, DEFAULT_MAX_BODY, DEFAULT_MAX_STORED_RESPONSE, DEFAULT_REPLAY_HEADERS,
+    DEFAULT_RETENTION, Idempotency, IdempotencyBuilder, InFlight, KeepFn, keep_deterministic,
+};
+pub use layer::{IdempotencyLayer, IdempotencyService};
+pub use problem::Problem;
+pub use resolver::Resolver;
+
+pub use idem_core::{
+    Error, ErrorKind, FingerprintSpec, IdempotencyStore, KeyError, KeyTemplate, Outcome,
+    StoredResponse, TemplateError,
+};
+#[cfg(feature = "memory")]
+pub use idem_core::MemoryStore;
+
+/// The core crate, for store authors and lower-level use.
+pub use idem_core as core;
+
+/// The header set on replayed responses.
+pub const REPLAYED_HEADER: http::HeaderName = http::HeaderName::from_static("idempotent-replayed");

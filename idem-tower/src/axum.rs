@@ -1,0 +1,47 @@
+//! Axum integration: the matched route, its path parameters, and the handle
+//! as an extractor.
+
+use axum::extract::{FromRef, FromRequestParts, MatchedPath, RawPathParams};
+use http::request::Parts;
+
+use crate::Idempotency;
+
+pub(crate) fn matched_route(parts: &Parts) -> Option<&str> {
+    parts.extensions.get::<MatchedPath>().map(MatchedPath::as_str)
+}
+
+pub(crate) async fn path_params(parts: &mut Parts) -> Option<Vec<(String, String)>> {
+    let params = RawPathParams::from_request_parts(parts, &()).await.ok()?;
+    Some(
+        params
+            .iter()
+            .map(|(name, value)| (name.to_owned(), value.to_owned()))
+            .collect(),
+    )
+}
+
+/// The handle from router state, for handlers that want it.
+///
+/// ```
+/// use axum::{Router, extract::FromRef, routing::get};
+/// use idem_tower::{Idempotency, MemoryStore};
+///
+/// #[derive(Clone, FromRef)]
+/// struct AppState { idem: Idempotency }
+///
+/// async fn handler(idem: Idempotency) -> String { idem.key_header().to_string() }
+///
+/// let app: Router = Router::new()
+///     .route("/", get(handler))
+///     .with_state(AppState { idem: Idempotency::new(MemoryStore::new()) });
+/// ```
+impl<S: Send + Sync> FromRequestParts<S> for Idempotency
+where
+    Idempotency: FromRef<S>,
+{
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(_: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        Ok(Idempotency::from_ref(state))
+    }
+}

@@ -1,0 +1,305 @@
+//! The handle users hold: the store and the configuration every idempotent
+//! route shares.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, StatusCode, header};
+use idem_core::{IdempotencyStore, KeyTemplate, TemplateError};
+
+use crate::dyn_store::DynStore;
+use crate::{IdempotencyLayer, Resolver};
+
+/// The default lease: how long a first attempt may run before a duplicate
+/// may take the key over.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+/// The default retention of a completed response.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+/// The default cap on a request body, in bytes.
+pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
+/// The default cap on a stored response body, in bytes.
+pub const DEFAULT_MAX_STORED_RESPONSE: usize = 256 * 1024;
+
+/// Response headers replayed by default (besides any added with
+/// [`IdempotencyBuilder::replay_header`]).
+pub const DEFAULT_REPLAY_HEADERS: [HeaderName; 8] = [
+    header::CONTENT_TYPE,
+    header::CONTENT_LANGUAGE,
+    header::CONTENT_LOCATION,
+    header::LOCATION,
+    header::ETAG,
+    header::LAST_MODIFIED,
+    header::LINK,
+    header::CACHE_CONTROL,
+];
+
+/// Headers never stored for replay, whatever the configuration says: they
+/// describe one connection or one moment, or would hand one response's
+/// session to another client.
+const NEVER_REPLAYED: [HeaderName; 11] = [
+    header::SET_COOKIE,
+    header::DATE,
+    header::CONNECTION,
+    header::CONTENT_LENGTH,
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::AGE,
+];
+
+/// What a duplicate gets while the first request is still running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum InFlight {
+    /// Answer `409 Conflict` with `Retry-After` at once (the default).
+    #[default]
+    Reject,
+    /// Wait up to this long for the first to finish and replay its response;
+    /// 409 if it is still running then.
+    Wait(Duration),
+}
+
+/// Decides whether a handler's response is final (stored and replayed) or
+/// the claim is released so the client can retry.
+pub type KeepFn = fn(StatusCode) -> bool;
+
+/// The default outcome policy: 2xx, 3xx and the deterministic 4xx are kept;
+/// 5xx and the 4xx that say "try again" or "not you, not now" (401, 403, 408,
+/// 409, 423, 425, 429) release the key.
+pub fn keep_deterministic(status: StatusCode) -> bool {
+    match status.as_u16() {
+        200..=399 => true,
+        401 | 403 | 408 | 409 | 423 | 425 | 429 => false,
+        400..=499 => true,
+        _ => false,
+    }
+}
+
+pub(crate) struct Config {
+    pub(crate) store: Arc<dyn DynStore>,
+    pub(crate) tenant: Option<Resolver>,
+    pub(crate) user: Option<Resolver>,
+    pub(crate) lease: Duration,
+    pub(crate) retention: Duration,
+    pub(crate) max_body: usize,
+    pub(crate) max_stored_response: usize,
+    pub(crate) key_header: HeaderName,
+    pub(crate) namespace: String,
+    pub(crate) replay_headers: Vec<HeaderName>,
+    pub(crate) in_flight: InFlight,
+    pub(crate) keep: KeepFn,
+    pub(crate) unavailable_retry_after: Duration,
+}
+
+/// The idempotency handle: a store and the configuration shared by every
+/// idempotent route. Cheap to clone; put it in your router state.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_tower::{Idempotency, MemoryStore, Resolver};
+///
+/// let idem = Idempotency::builder(MemoryStore::new())
+///     .tenant(Resolver::header("x-tenant-id"))
+///     .lease(Duration::from_secs(30))
+///     .retention(Duration::from_secs(24 * 3600))
+///     .build();
+///
+/// // One layer per route, each with its own key template.
+/// let layer = idem.layer_with_key("order-create:{tenant}:{header:idempotency-key}")?;
+/// # let _ = layer;
+/// # Ok::<(), idem_tower::TemplateError>(())
+/// ```
+#[derive(Clone)]
+pub struct Idempotency {
+    pub(crate) config: Arc<Config>,
+}
+
+impl Idempotency {
+    /// A handle on `store` with the default configuration.
+    pub fn new(store: impl IdempotencyStore) -> Self {
+        Self::builder(store).build()
+    }
+
+    /// A builder for a handle on `store`.
+    pub fn builder(store: impl IdempotencyStore) -> IdempotencyBuilder {
+        IdempotencyBuilder {
+            config: Config {
+                store: Arc::new(store),
+                tenant: None,
+                user: None,
+                lease: DEFAULT_LEASE,
+                retention: DEFAULT_RETENTION,
+                max_body: DEFAULT_MAX_BODY,
+                max_stored_response: DEFAULT_MAX_STORED_RESPONSE,
+                key_header: HeaderName::from_static("idempotency-key"),
+                namespace: idem_core::DEFAULT_NAMESPACE.to_owned(),
+                replay_headers: DEFAULT_REPLAY_HEADERS.to_vec(),
+                in_flight: InFlight::Reject,
+                keep: keep_deterministic,
+                unavailable_retry_after: Duration::from_secs(1),
+            },
+        }
+    }
+
+    /// A layer keyed the way the IETF draft describes: the key header,
+    /// scoped by method, route, and the tenant and user when resolvers are
+    /// configured (`{method}:{route}:{tenant}:{user}:{header:idempotency-key}`).
+    pub fn layer(&self) -> IdempotencyLayer {
+        let c = &self.config;
+        let mut template = String::from("{method}:{route}:");
+        if c.tenant.is_some() {
+            template.push_str("{tenant}:");
+        }
+        if c.user.is_some() {
+            template.push_str("{user}:");
+        }
+        template.push_str(&format!("{{header:{}}}", c.key_header));
+        let template = KeyTemplate::parse(&template).expect("the default template is valid");
+        IdempotencyLayer::new(self.clone(), template)
+    }
+
+    /// A layer with its own key template, such as
+    /// `pay-callback:{path:payment_no}`. The template is checked here, once.
+    pub fn layer_with_key(&self, template: &str) -> Result<IdempotencyLayer, TemplateError> {
+        Ok(IdempotencyLayer::new(self.clone(), template.parse()?))
+    }
+
+    /// The name of the header that carries the client's key.
+    pub fn key_header(&self) -> &HeaderName {
+        &self.config.key_header
+    }
+
+    pub(crate) fn replays(&self, name: &HeaderName) -> bool {
+        self.config.replay_headers.contains(name) && !NEVER_REPLAYED.contains(name)
+    }
+}
+
+impl fmt::Debug for Idempotency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.config;
+        f.debug_struct("Idempotency")
+            .field("tenant", &c.tenant)
+            .field("user", &c.user)
+            .field("lease", &c.lease)
+            .field("retention", &c.retention)
+            .field("max_body", &c.max_body)
+            .field("key_header", &c.key_header)
+            .field("namespace", &c.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures an [`Idempotency`] handle.
+#[must_use]
+pub struct IdempotencyBuilder {
+    config: Config,
+}
+
+impl IdempotencyBuilder {
+    /// Where `{tenant}` comes from.
+    pub fn tenant(mut self, resolver: Resolver) -> Self {
+        self.config.tenant = Some(resolver);
+        self
+    }
+
+    /// Where `{user}` comes from.
+    pub fn user(mut self, resolver: Resolver) -> Self {
+        self.config.user = Some(resolver);
+        self
+    }
+
+    /// How long a first attempt holds its key before a duplicate may take it
+    /// over ([`DEFAULT_LEASE`]). Set it above your handler's time budget.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.lease = lease;
+        self
+    }
+
+    /// How long completed responses are replayed ([`DEFAULT_RETENTION`]).
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.config.retention = retention;
+        self
+    }
+
+    /// The largest request body buffered, in bytes; larger ones get 413 and
+    /// claim nothing ([`DEFAULT_MAX_BODY`]).
+    pub fn max_body(mut self, bytes: usize) -> Self {
+        self.config.max_body = bytes;
+        self
+    }
+
+    /// The largest response body stored for replay
+    /// ([`DEFAULT_MAX_STORED_RESPONSE`]). A larger response is still sent,
+    /// and its key is completed as not replayable: duplicates get 409.
+    pub fn max_stored_response(mut self, bytes: usize) -> Self {
+        self.config.max_stored_response = bytes;
+        self
+    }
+
+    /// The header carrying the client's key in [`Idempotency::layer`]'s
+    /// template (`Idempotency-Key`).
+    pub fn key_header(mut self, name: HeaderName) -> Self {
+        self.config.key_header = name;
+        self
+    }
+
+    /// The prefix of every stored key (`idem:`), so several services can
+    /// share one store.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.config.namespace = namespace.into();
+        self
+    }
+
+    /// Also store and replay this response header. `Set-Cookie`, `Date`,
+    /// `Content-Length` and hop-by-hop headers are never replayed, even if
+    /// named here.
+    pub fn replay_header(mut self, name: HeaderName) -> Self {
+        if !self.config.replay_headers.contains(&name) {
+            self.config.replay_headers.push(name);
+        }
+        self
+    }
+
+    /// What duplicates of a running request get ([`InFlight::Reject`]).
+    pub fn in_flight(mut self, in_flight: InFlight) -> Self {
+        self.config.in_flight = in_flight;
+        self
+    }
+
+    /// Which handler statuses are final ([`keep_deterministic`]).
+    pub fn keep(mut self, keep: KeepFn) -> Self {
+        self.config.keep = keep;
+        self
+    }
+
+    /// The `Retry-After` sent with 503 when the store is unavailable (1 s).
+    pub fn unavailable_retry_after(mut self, after: Duration) -> Self {
+        self.config.unavailable_retry_after = after;
+        self
+    }
+
+    /// The handle.
+    pub fn build(self) -> Idempotency {
+        Idempotency {
+            config: Arc::new(self.config),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcome_policy_keeps_deterministic_answers_only() {
+        for kept in [200, 201, 204, 303, 400, 404, 410, 422] {
+            assert!(keep_deterministic(StatusCode::from_u16(kept).unwrap()), "{kept}");
+        }
+        for released in [401, 403, 408, 409, 423, 425, 429, 500, 502, 503, 504] {
+            assert!(!keep_deterministic(StatusCode::from_u16(released).unwrap()), "{released}");
+        }
+    }
+}

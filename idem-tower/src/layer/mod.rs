@@ -1,0 +1,58 @@
+//! The idempotency middleware.
+//!
+//! For each request: buffer the body (413 over the cap, nothing claimed),
+//! build the key and fingerprint (400 naming any missing part), claim the key
+//! in the store, then either answer a duplicate or call the service:
+//!
+//! | situation | response |
+//! |---|---|
+//! | first request | the service's response, stored if final (see [`keep_deterministic`](crate::keep_deterministic)) |
+//! | duplicate of a completed request | the stored status, body and allow-listed headers, plus `Idempotent-Replayed: true` |
+//! | same key, different request | 422 |
+//! | duplicate while the first runs | 409 + `Retry-After`, or wait and replay ([`InFlight::Wait`](crate::InFlight::Wait)) |
+//! | key missing / malformed / repeated | 400 |
+//! | body over the cap | 413 |
+//! | store unavailable | 503 + `Retry-After`; the service is not called |
+//!
+//! Every response the layer writes itself is `application/problem+json`
+//! with a [`Problem`](crate::Problem) type of its own.
+//!
+//! A claim whose service fails (5xx or another non-final status), returns
+//! an error, panics, or whose request future is dropped (client disconnect)
+//! is released, so the client can retry with the same key at once.
+//!
+//! # Example
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use bytes::Bytes;
+//! use http::{Request, Response, StatusCode};
+//! use http_body_util::Full;
+//! use idem_tower::{Idempotency, MemoryStore};
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let idem = Idempotency::new(MemoryStore::new());
+//! let service = ServiceBuilder::new()
+//!     .layer(idem.layer_with_key("charge:{header:idempotency-key}")?)
+//!     .service(service_fn(|_req: Request<Full<Bytes>>| async {
+//!         Ok::<_, Infallible>(Response::builder().status(StatusCode::CREATED).body(Full::new(Bytes::from("charged"))).unwrap())
+//!     }));
+//!
+//! let request = || Request::post("/charges").header("idempotency-key", "k-1").body(Full::default()).unwrap();
+//! let first = service.clone().oneshot(request()).await?;
+//! let again = service.oneshot(request()).await?;
+//! assert_eq!(first.status(), StatusCode::CREATED);
+//! assert_eq!(again.headers()["idempotent-replayed"], "true");
+//! # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+//! ```
+
+mod future;
+#[allow(clippy::module_inception)]
+mod layer;
+mod service;
+
+pub use future::ResponseFuture;
+pub use layer::IdempotencyLayer;
+pub(crate) use layer::Policy;
+pub use service::IdempotencyService;

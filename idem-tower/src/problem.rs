@@ -1,0 +1,183 @@
+//! RFC 9457 problem responses, one `type` per situation.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+
+/// Every response the layer writes itself, rather than the handler.
+///
+/// Each is `application/problem+json` with its own `type`, so clients can
+/// tell "fix the request" (400, 413, 422) from "try again later" (409, 503).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Problem {
+    /// 400: a part of the key the route requires is absent.
+    KeyMissing(String),
+    /// 400: a key part is malformed, oversize or given twice.
+    KeyInvalid(String),
+    /// 400: the request body could not be read.
+    BodyUnreadable,
+    /// 413: the body is over the configured cap; nothing was claimed.
+    BodyTooLarge {
+        /// The cap, in bytes.
+        limit: usize,
+    },
+    /// 422: the key was used with a different request.
+    FingerprintMismatch,
+    /// 409: the first request with this key is still running.
+    InFlight {
+        /// When to retry.
+        retry_after: Duration,
+    },
+    /// 409: the first request completed but its response was too large to keep.
+    NotReplayable,
+    /// 503: the store could not be reached; the handler was not called.
+    StoreUnavailable {
+        /// When to retry.
+        retry_after: Duration,
+    },
+}
+
+impl Problem {
+    /// The problem's `type` URI.
+    pub fn type_uri(&self) -> &'static str {
+        match self {
+            Self::KeyMissing(_) => "urn:idem:problem:key-missing",
+            Self::KeyInvalid(_) => "urn:idem:problem:key-invalid",
+            Self::BodyUnreadable => "urn:idem:problem:body-unreadable",
+            Self::BodyTooLarge { .. } => "urn:idem:problem:body-too-large",
+            Self::FingerprintMismatch => "urn:idem:problem:fingerprint-mismatch",
+            Self::InFlight { .. } => "urn:idem:problem:in-flight",
+            Self::NotReplayable => "urn:idem:problem:not-replayable",
+            Self::StoreUnavailable { .. } => "urn:idem:problem:store-unavailable",
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::KeyMissing(_) | Self::KeyInvalid(_) | Self::BodyUnreadable => {
+                StatusCode::BAD_REQUEST
+            }
+            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::FingerprintMismatch => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::InFlight { .. } | Self::NotReplayable => StatusCode::CONFLICT,
+            Self::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    fn title(&self) -> &'static str {
+        match self {
+            Self::KeyMissing(_) => "Idempotency key missing",
+            Self::KeyInvalid(_) => "Idempotency key invalid",
+            Self::BodyUnreadable => "Request body unreadable",
+            Self::BodyTooLarge { .. } => "Request body too large",
+            Self::FingerprintMismatch => "Idempotency key reused with a different request",
+            Self::InFlight { .. } => "A request with this idempotency key is in progress",
+            Self::NotReplayable => "The original response cannot be replayed",
+            Self::StoreUnavailable { .. } => "Idempotency store unavailable",
+        }
+    }
+
+    fn detail(&self) -> String {
+        match self {
+            Self::KeyMissing(detail) | Self::KeyInvalid(detail) => detail.clone(),
+            Self::BodyUnreadable => "the request body ended early or could not be read".into(),
+            Self::BodyTooLarge { limit } => {
+                format!("the request body is larger than {limit} bytes")
+            }
+            Self::FingerprintMismatch => {
+                "this key was first used with another method, route, query or body; \
+                 use a new key for a new request"
+                    .into()
+            }
+            Self::InFlight { .. } => {
+                "the first request with this key has not finished; retry after the \
+                 time given in Retry-After"
+                    .into()
+            }
+            Self::NotReplayable => {
+                "the request with this key completed, but its response was too large \
+                 to store; it will not run again"
+                    .into()
+            }
+            Self::StoreUnavailable { .. } => {
+                "duplicate detection is unavailable, so the request was not processed; \
+                 retry with the same key"
+                    .into()
+            }
+        }
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::InFlight { retry_after } | Self::StoreUnavailable { retry_after } => {
+                Some(*retry_after)
+            }
+            _ => None,
+        }
+    }
+
+    /// The problem as a response with an `application/problem+json` body.
+    pub fn to_response<B: From<Bytes>>(&self) -> Response<B> {
+        let body = serde_json::json!({
+            "type": self.type_uri(),
+            "title": self.title(),
+            "status": self.status().as_u16(),
+            "detail": self.detail(),
+        });
+        let mut response = Response::new(B::from(Bytes::from(body.to_string())));
+        *response.status_mut() = self.status();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(after) = self.retry_after() {
+            let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        let r: Response<Bytes> = Problem::InFlight {
+            retry_after: Duration::from_millis(1200),
+        }
+        .to_response();
+        assert_eq!(r.status(), StatusCode::CONFLICT);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "2");
+        let r: Response<Bytes> = Problem::StoreUnavailable {
+            retry_after: Duration::ZERO,
+        }
+        .to_response();
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+    }
+
+    #[test]
+    fn every_problem_has_its_own_type() {
+        let all = [
+            Problem::KeyMissing(String::new()),
+            Problem::KeyInvalid(String::new()),
+            Problem::BodyUnreadable,
+            Problem::BodyTooLarge { limit: 1 },
+            Problem::FingerprintMismatch,
+            Problem::InFlight {
+                retry_after: Duration::ZERO,
+            },
+            Problem::NotReplayable,
+            Problem::StoreUnavailable {
+                retry_after: Duration::ZERO,
+            },
+        ];
+        let types: std::collections::HashSet<_> = all.iter().map(Problem::type_uri).collect();
+        assert_eq!(types.len(), all.len());
+    }
+}
