@@ -1,0 +1,55 @@
+//! The reference app: `cargo run -p idem-examples --bin orders -- --help`.
+
+use std::net::SocketAddr;
+
+use clap::Parser;
+use idem_examples::orders::App;
+use tracing_subscriber::EnvFilter;
+
+/// Orders and payments, made idempotent with idem.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:3000")]
+    listen: SocketAddr,
+    /// Where data and idempotency records live. `memory` is the only
+    /// backend until the SQL stores land.
+    #[arg(long, default_value = "memory")]
+    database: String,
+    /// Honour the X-Chaos-Delay-Ms and X-Chaos-Fail request headers.
+    #[arg(long)]
+    chaos: bool,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .init();
+    let args = Args::parse();
+    if args.database != "memory" {
+        return Err(format!(
+            "unsupported --database {:?}: only `memory` is available",
+            args.database
+        )
+        .into());
+    }
+    let app = App::in_memory(args.chaos);
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, database = %args.database, chaos = args.chaos, "orders listening on http://{addr}");
+    eprintln!(
+        "orders listening on http://{addr}\ntry:\n  curl -i -X POST http://{addr}/orders \\\n    \
+         -H 'Idempotency-Key: 8e03978e' -H 'X-Tenant-Id: acme' -H 'Authorization: Bearer alice' \\\n    \
+         -H 'Content-Type: application/json' -d '{{\"sku\":\"book\",\"qty\":1,\"amount_cents\":1999}}'"
+    );
+    axum::serve(listener, app.router())
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,143 @@
+//! The orders app's handlers: plain axum, unaware of idempotency.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Extension, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::db::TransitionError;
+use super::{App, UserId};
+
+/// The body of `POST /orders`.
+#[derive(Debug, Deserialize)]
+pub(crate) struct NewOrder {
+    sku: String,
+    qty: i64,
+    amount_cents: i64,
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    (status, Json(json!({ "error": message }))).into_response()
+}
+
+fn chaos_header(headers: &HeaderMap, name: &str) -> Option<u64> {
+    headers.get(name)?.to_str().ok()?.parse().ok()
+}
+
+pub(crate) async fn create_order(
+    State(app): State<App>,
+    Extension(UserId(user)): Extension<UserId>,
+    headers: HeaderMap,
+    Json(order): Json<NewOrder>,
+) -> Response {
+    app.calls.orders.fetch_add(1, Ordering::SeqCst);
+    let Some(tenant) = headers.get("x-tenant-id").and_then(|v| v.to_str().ok()) else {
+        return error(StatusCode::BAD_REQUEST, "X-Tenant-Id is required");
+    };
+    if order.qty <= 0 || order.amount_cents < 0 {
+        return error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "qty must be positive and amount_cents not negative",
+        );
+    }
+    if app.chaos && chaos_header(&headers, "x-chaos-fail") == Some(503) {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "chaos: failing before any write",
+        );
+    }
+    let placed = app
+        .db
+        .place_order(tenant, &user, &order.sku, order.qty, order.amount_cents);
+    if app.chaos
+        && let Some(ms) = chaos_header(&headers, "x-chaos-delay-ms")
+    {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    let location = format!("/orders/{}", placed.order_id);
+    (
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(placed),
+    )
+        .into_response()
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct Owner {
+    tenant: String,
+    user: String,
+}
+
+pub(crate) async fn list_orders(State(app): State<App>, Query(owner): Query<Owner>) -> Response {
+    let (orders, balance) = app.db.orders_of(&owner.tenant, &owner.user);
+    Json(json!({ "count": orders.len(), "balance_cents": balance, "orders": orders }))
+        .into_response()
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct NewPayment {
+    payment_no: String,
+    amount_cents: i64,
+}
+
+pub(crate) async fn create_payment(State(app): State<App>, Json(p): Json<NewPayment>) -> Response {
+    if !app.db.create_payment(&p.payment_no, p.amount_cents) {
+        return error(StatusCode::CONFLICT, "payment_no already exists");
+    }
+    let payment = app.db.payment(&p.payment_no);
+    (StatusCode::CREATED, Json(payment)).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct Callback {
+    status: String,
+    amount_cents: i64,
+}
+
+pub(crate) async fn payment_callback(
+    State(app): State<App>,
+    Path(payment_no): Path<String>,
+    Json(callback): Json<Callback>,
+) -> Response {
+    app.calls.callbacks.fetch_add(1, Ordering::SeqCst);
+    if callback.status != "PAID" {
+        return error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "only PAID callbacks are supported",
+        );
+    }
+    match app.db.mark_paid(&payment_no, callback.amount_cents) {
+        Ok(payment) => Json(payment).into_response(),
+        Err(TransitionError::NotFound) => error(StatusCode::NOT_FOUND, "no such payment"),
+        Err(TransitionError::AmountMismatch) => error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "amount does not match the payment",
+        ),
+    }
+}
+
+pub(crate) async fn get_payment(
+    State(app): State<App>,
+    Path(payment_no): Path<String>,
+) -> Response {
+    match app.db.payment(&payment_no) {
+        Some(payment) => Json(payment).into_response(),
+        None => error(StatusCode::NOT_FOUND, "no such payment"),
+    }
+}
+
+pub(crate) async fn metrics(State(app): State<App>) -> Response {
+    let body = format!(
+        "# TYPE orders_handler_calls_total counter\norders_handler_calls_total {}\n\
+         # TYPE payment_callback_handler_calls_total counter\npayment_callback_handler_calls_total {}\n",
+        app.calls.orders(),
+        app.calls.callbacks(),
+    );
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+}

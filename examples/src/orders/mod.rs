@@ -1,0 +1,153 @@
+//! The reference app (DESIGN section 7): orders that debit a balance, and
+//! payments whose provider callbacks credit a ledger, made idempotent with
+//! idem.
+//!
+//! ```no_run
+//! # async fn run() -> std::io::Result<()> {
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//! let app = idem_examples::orders::App::in_memory(false);
+//! axum::serve(listener, app.router()).await
+//! # }
+//! ```
+
+mod db;
+mod handlers;
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::Router;
+use axum::extract::Request;
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use idem_tower::{Idempotency, MemoryStore, Resolver};
+
+pub use db::{Db, Order, Payment, PaymentState, STARTING_BALANCE_CENTS};
+
+/// The key of `POST /orders`: one order per client key, per user, per tenant.
+pub const ORDER_KEY: &str = "order-create:{tenant}:{user}:{header:idempotency-key}";
+/// The key of a payment callback: the provider re-pushes the same callback.
+pub const CALLBACK_KEY: &str = "pay-callback:{path:payment_no}";
+
+/// The authenticated user, put in request extensions by [`demo_auth`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserId(pub String);
+
+impl fmt::Display for UserId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// How many times each handler ran: the effect counters tests read.
+#[derive(Debug, Default)]
+pub struct Calls {
+    /// `POST /orders` handler invocations.
+    pub orders: AtomicU64,
+    /// `POST /payments/{payment_no}/callback` handler invocations.
+    pub callbacks: AtomicU64,
+}
+
+impl Calls {
+    /// `POST /orders` invocations so far.
+    pub fn orders(&self) -> u64 {
+        self.orders.load(Ordering::SeqCst)
+    }
+
+    /// Callback invocations so far.
+    pub fn callbacks(&self) -> u64 {
+        self.callbacks.load(Ordering::SeqCst)
+    }
+}
+
+/// The app: its database, its idempotency handle and its counters.
+#[derive(Clone)]
+pub struct App {
+    /// The data.
+    pub db: Arc<Db>,
+    /// Idempotency for the write routes.
+    pub idem: Idempotency,
+    /// Handler invocation counts.
+    pub calls: Arc<Calls>,
+    /// Whether the `X-Chaos-*` headers are honoured.
+    pub chaos: bool,
+}
+
+impl App {
+    /// The app on the in-memory database and store.
+    pub fn in_memory(chaos: bool) -> Self {
+        Self::new(Idempotency::builder(MemoryStore::new()), chaos)
+    }
+
+    /// The app with idempotency built from `builder`, which gets the app's
+    /// tenant and user resolvers added.
+    pub fn new(builder: idem_tower::IdempotencyBuilder, chaos: bool) -> Self {
+        let idem = builder
+            .tenant(Resolver::header("x-tenant-id"))
+            .user(Resolver::extension::<UserId>())
+            .build();
+        Self {
+            db: Arc::default(),
+            idem,
+            calls: Arc::default(),
+            chaos,
+        }
+    }
+
+    /// The routes.
+    pub fn router(&self) -> Router {
+        let order_layer = self
+            .idem
+            .layer_with_key(ORDER_KEY)
+            .expect("ORDER_KEY is a valid template");
+        let callback_layer = self
+            .idem
+            .layer_with_key(CALLBACK_KEY)
+            .expect("CALLBACK_KEY is a valid template");
+        Router::new()
+            .route(
+                "/orders",
+                post(handlers::create_order)
+                    .layer(order_layer)
+                    .layer(middleware::from_fn(demo_auth))
+                    .get(handlers::list_orders),
+            )
+            .route("/payments", post(handlers::create_payment))
+            .route(
+                "/payments/{payment_no}/callback",
+                post(handlers::payment_callback).layer(callback_layer),
+            )
+            .route("/payments/{payment_no}", get(handlers::get_payment))
+            .route("/metrics", get(handlers::metrics))
+            .with_state(self.clone())
+    }
+}
+
+/// Demo authentication: `Authorization: Bearer <user-id>`, the token being
+/// the user id. A real app verifies a token here; the idempotency layer only
+/// needs the [`UserId`] it leaves in the request.
+pub async fn demo_auth(mut request: Request, next: Next) -> Response {
+    let user = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|id| !id.is_empty())
+        .map(str::to_owned);
+    match user {
+        Some(user) => {
+            request.extensions_mut().insert(UserId(user));
+            next.run(request).await
+        }
+        None => (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            "send Authorization: Bearer <user-id>",
+        )
+            .into_response(),
+    }
+}

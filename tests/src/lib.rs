@@ -1,0 +1,203 @@
+//! Test harness: the orders app driven over real loopback HTTP or through
+//! `oneshot`, with the same requests and the same assertions either way.
+
+use std::time::Duration;
+
+use axum::Router;
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use idem_examples::orders::App;
+use serde_json::Value;
+use tower::ServiceExt;
+
+/// How requests reach the app.
+#[derive(Clone)]
+pub enum Transport {
+    /// A real server on 127.0.0.1, an ephemeral port.
+    Http {
+        /// `http://127.0.0.1:PORT`.
+        base: String,
+        /// A keep-alive client.
+        client: reqwest::Client,
+    },
+    /// Straight into the router, no socket.
+    Oneshot(Router),
+}
+
+/// A running app and the way to talk to it.
+#[derive(Clone)]
+pub struct Harness {
+    /// The app, for its counters and database.
+    pub app: App,
+    /// How to reach it.
+    pub transport: Transport,
+}
+
+/// What came back.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// Status.
+    pub status: StatusCode,
+    /// Headers.
+    pub headers: HeaderMap,
+    /// Body bytes.
+    pub body: Bytes,
+}
+
+impl Reply {
+    /// The body as JSON (panics with the body if it is not JSON).
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("{e}: {:?}", String::from_utf8_lossy(&self.body)))
+    }
+
+    /// Whether the layer marked this a replay.
+    pub fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
+    }
+
+    /// The problem `type`, for layer-written errors.
+    pub fn problem_type(&self) -> String {
+        assert_eq!(
+            self.headers["content-type"], "application/problem+json",
+            "not a problem response: {self:?}"
+        );
+        self.json()["type"].as_str().unwrap_or_default().to_owned()
+    }
+}
+
+/// A request to send.
+#[derive(Debug, Clone)]
+pub struct Call {
+    method: Method,
+    path: String,
+    headers: Vec<(String, String)>,
+    body: Bytes,
+}
+
+impl Call {
+    /// A POST of `body` as JSON.
+    pub fn post(path: &str, body: &Value) -> Self {
+        Self {
+            method: Method::POST,
+            path: path.to_owned(),
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: Bytes::from(body.to_string()),
+        }
+    }
+
+    /// A GET.
+    pub fn get(path: &str) -> Self {
+        Self {
+            method: Method::GET,
+            path: path.to_owned(),
+            headers: Vec::new(),
+            body: Bytes::new(),
+        }
+    }
+
+    /// Adds a header (repeatable).
+    pub fn header(mut self, name: &str, value: &str) -> Self {
+        self.headers.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Replaces the raw body.
+    pub fn raw_body(mut self, body: impl Into<Bytes>) -> Self {
+        self.body = body.into();
+        self
+    }
+}
+
+/// `POST /orders` as user `user` of tenant `tenant` with client key `key`.
+pub fn order(tenant: &str, user: &str, key: &str, amount_cents: i64) -> Call {
+    Call::post(
+        "/orders",
+        &serde_json::json!({ "sku": "book", "qty": 1, "amount_cents": amount_cents }),
+    )
+    .header("idempotency-key", key)
+    .header("x-tenant-id", tenant)
+    .header("authorization", &format!("Bearer {user}"))
+}
+
+impl Harness {
+    /// The in-memory orders app (chaos headers on), served on loopback.
+    pub async fn http() -> Self {
+        Self::serve(App::in_memory(true)).await
+    }
+
+    /// The in-memory orders app (chaos headers on), driven by `oneshot`.
+    pub fn oneshot() -> Self {
+        let app = App::in_memory(true);
+        let transport = Transport::Oneshot(app.router());
+        Self { app, transport }
+    }
+
+    /// Serves `app` on 127.0.0.1 on an ephemeral port, for the test's life.
+    pub async fn serve(app: App) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
+        let base = format!("http://{}", listener.local_addr().expect("local addr"));
+        let router = app.router();
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .expect("reqwest client");
+        Self {
+            app,
+            transport: Transport::Http { base, client },
+        }
+    }
+
+    /// Sends `call` and reads the whole reply.
+    pub async fn send(&self, call: Call) -> Reply {
+        match &self.transport {
+            Transport::Http { base, client } => {
+                let mut request = client.request(call.method, format!("{base}{}", call.path));
+                for (name, value) in &call.headers {
+                    request = request.header(name, value);
+                }
+                let response = request.body(call.body).send().await.expect("HTTP request");
+                Reply {
+                    status: response.status(),
+                    headers: response.headers().clone(),
+                    body: response.bytes().await.expect("HTTP body"),
+                }
+            }
+            Transport::Oneshot(router) => {
+                let mut request = Request::builder().method(call.method).uri(&call.path);
+                for (name, value) in &call.headers {
+                    request = request.header(name, value);
+                }
+                let request = request
+                    .body(axum::body::Body::from(call.body))
+                    .expect("request");
+                let response = router.clone().oneshot(request).await.expect("infallible");
+                let (parts, body) = response.into_parts();
+                Reply {
+                    status: parts.status,
+                    headers: parts.headers,
+                    body: body.collect().await.expect("body").to_bytes(),
+                }
+            }
+        }
+    }
+
+    /// A user's order count and balance, as `GET /orders` reports them.
+    pub async fn account(&self, tenant: &str, user: &str) -> (u64, i64) {
+        let reply = self
+            .send(Call::get(&format!("/orders?tenant={tenant}&user={user}")))
+            .await;
+        assert_eq!(reply.status, StatusCode::OK);
+        let json = reply.json();
+        (
+            json["count"].as_u64().expect("count"),
+            json["balance_cents"].as_i64().expect("balance"),
+        )
+    }
+}
