@@ -41,10 +41,18 @@ mod key;
 pub mod record;
 mod response;
 mod store;
+pub mod transaction;
 
 #[cfg(feature = "memory")]
 #[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
 mod memory;
+
+#[cfg(feature = "sql")]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
+)]
+pub mod sql;
 
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]

@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use crate::transaction::TransactionalStore;
 use crate::{Claim, Error, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
 
 /// Where idempotency records live.
@@ -71,6 +72,12 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         key: &IdempotencyKey,
         owner: &OwnerToken,
     ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// This store's transactional mode, if it has one (the SQL stores do):
+    /// see [`transaction`](crate::transaction).
+    fn transactional(&self) -> Option<&dyn TransactionalStore> {
+        None
+    }
 }
 
 impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
@@ -99,5 +106,9 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
         owner: &OwnerToken,
     ) -> impl Future<Output = Result<(), Error>> + Send {
         (**self).release(key, owner)
+    }
+
+    fn transactional(&self) -> Option<&dyn TransactionalStore> {
+        (**self).transactional()
     }
 }

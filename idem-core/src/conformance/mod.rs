@@ -315,3 +315,26 @@ macro_rules! store_conformance_tests {
         )*
     };
 }
+
+/// What a test does about a server it cannot reach: under `CI=true` that is
+/// a failure (the run must not pass by testing nothing); elsewhere the test
+/// says why it is skipped and passes.
+///
+/// # Panics
+///
+/// Under `CI=true`, always.
+pub fn server_missing<T>(what: &str, url: &str, err: impl std::fmt::Display) -> Option<T> {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{what} at {url} is required when CI=true, and it failed: {err}");
+    }
+    eprintln!("skipped: {what} is not reachable at {url} ({err}); set the URL or start it");
+    None
+}
+
+/// A server URL from `var`, or `default`.
+pub fn server_url(var: &str, default: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| default.to_owned())
+}
+
+#[cfg(feature = "sql")]
+pub mod sql;

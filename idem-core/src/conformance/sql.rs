@@ -1,0 +1,272 @@
+//! Transactional mode conformance: what every [`SqlStore`] must do when the
+//! claim, the business writes and the outcome share one transaction.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use std::future::Future;
+
+use sqlx::AssertSqlSafe;
+
+use crate::sql::{Dialect, SqlStore, TxSlot};
+use crate::transaction::{TransactionalClaim, TransactionalStore};
+use crate::{Claim, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome};
+
+const LONG: Duration = Duration::from_secs(60);
+const EFFECTS: &str = "idem_test_effects";
+
+fn fresh_key(case: &str) -> (IdempotencyKey, String) {
+    let nonce = format!("{:016x}", rand::random::<u64>());
+    (
+        IdempotencyKey::new("idem-test:", &format!("{case}:{nonce}")),
+        nonce,
+    )
+}
+
+fn fp() -> Fingerprint {
+    Fingerprint::from_bytes([9; 32])
+}
+
+/// Plain statements on a pool or a connection, for the cases' own tables.
+pub trait TestSql: Dialect {
+    /// Runs `sql` on the pool.
+    fn exec(pool: &sqlx::Pool<Self>, sql: String) -> impl Future<Output = ()> + Send;
+    /// Runs `sql` on `conn`.
+    fn exec_on(conn: &mut Self::Connection, sql: String) -> impl Future<Output = ()> + Send;
+    /// Runs a `SELECT COUNT(*)`.
+    fn count(pool: &sqlx::Pool<Self>, sql: String) -> impl Future<Output = i64> + Send;
+}
+
+macro_rules! test_sql {
+    ($($feature:literal => $db:ty),*) => {$(
+        #[cfg(feature = $feature)]
+        impl TestSql for $db {
+            async fn exec(pool: &sqlx::Pool<Self>, sql: String) {
+                sqlx::raw_sql(AssertSqlSafe(sql)).execute(pool).await.expect("statement");
+            }
+            async fn exec_on(conn: &mut Self::Connection, sql: String) {
+                sqlx::raw_sql(AssertSqlSafe(sql)).execute(conn).await.expect("statement");
+            }
+            async fn count(pool: &sqlx::Pool<Self>, sql: String) -> i64 {
+                sqlx::query_scalar(AssertSqlSafe(sql)).fetch_one(pool).await.expect("count")
+            }
+        }
+    )*};
+}
+
+test_sql!("postgres" => sqlx::Postgres, "mysql" => sqlx::MySql, "sqlite" => sqlx::Sqlite);
+
+async fn effects_table<DB: TestSql>(pool: &sqlx::Pool<DB>) {
+    DB::exec(
+        pool,
+        format!("CREATE TABLE IF NOT EXISTS {EFFECTS} (k VARCHAR(64) NOT NULL)"),
+    )
+    .await;
+}
+
+async fn effects<DB: TestSql>(pool: &sqlx::Pool<DB>, nonce: &str) -> i64 {
+    DB::count(
+        pool,
+        format!("SELECT COUNT(*) FROM {EFFECTS} WHERE k = '{nonce}'"),
+    )
+    .await
+}
+
+/// Claims in a transaction and writes one effect row in it, as a handler
+/// would through the request's transaction slot.
+async fn claim_and_write<DB: TestSql>(
+    store: &SqlStore<DB>,
+    key: &IdempotencyKey,
+    nonce: &str,
+) -> Box<dyn crate::transaction::ClaimTransaction> {
+    let claim = store.claim_in_transaction(key, &fp(), LONG).await.unwrap();
+    let TransactionalClaim::Acquired(tx) = claim else {
+        panic!("expected to acquire, got {claim:?}");
+    };
+    let mut extensions = http::Extensions::new();
+    tx.attach(&mut extensions);
+    let slot = extensions
+        .get::<TxSlot<DB>>()
+        .expect("the slot is attached");
+    let mut lease = slot.lease().await;
+    let conn: &mut DB::Connection = lease.as_mut().expect("an open transaction");
+    DB::exec_on(
+        conn,
+        format!("INSERT INTO {EFFECTS} (k) VALUES ('{nonce}')"),
+    )
+    .await;
+    tx
+}
+
+fn response() -> Outcome {
+    Outcome::Response(crate::StoredResponse::new(
+        http::StatusCode::CREATED,
+        http::HeaderMap::new(),
+        "done",
+    ))
+}
+
+/// Commit makes the business write and the outcome durable together.
+pub async fn commit_keeps_writes_and_outcome<DB: TestSql>(store: Arc<SqlStore<DB>>) {
+    effects_table(store.pool()).await;
+    let (key, nonce) = fresh_key("tx-commit");
+    let tx = claim_and_write(&store, &key, &nonce).await;
+    assert_eq!(
+        effects(store.pool(), &nonce).await,
+        0,
+        "not visible before commit"
+    );
+    tx.commit(&response(), LONG).await.unwrap();
+    assert_eq!(effects(store.pool(), &nonce).await, 1);
+    assert_eq!(
+        store.claim(&key, &fp(), LONG).await.unwrap(),
+        Claim::Replay(response())
+    );
+}
+
+/// Rollback undoes the business write and frees the key.
+pub async fn rollback_undoes_writes_and_claim<DB: TestSql>(store: Arc<SqlStore<DB>>) {
+    effects_table(store.pool()).await;
+    let (key, nonce) = fresh_key("tx-rollback");
+    claim_and_write(&store, &key, &nonce)
+        .await
+        .rollback()
+        .await
+        .unwrap();
+    assert_eq!(effects(store.pool(), &nonce).await, 0);
+    assert!(matches!(
+        store.claim(&key, &fp(), LONG).await.unwrap(),
+        Claim::Acquired(_)
+    ));
+}
+
+/// Dropping the transaction (a panic, a cancelled request) is a rollback.
+pub async fn dropped_transaction_rolls_back<DB: TestSql>(store: Arc<SqlStore<DB>>) {
+    effects_table(store.pool()).await;
+    let (key, nonce) = fresh_key("tx-drop");
+    drop(claim_and_write(&store, &key, &nonce).await);
+    // The rollback of a dropped transaction runs when its connection is next
+    // used; claiming again (on any connection) must find the key free.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match store.claim(&key, &fp(), LONG).await.unwrap() {
+            Claim::Acquired(_) => break,
+            other if Instant::now() > deadline => panic!("key still held: {other:?}"),
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    assert_eq!(effects(store.pool(), &nonce).await, 0);
+}
+
+/// A duplicate arriving while the first transaction is open waits for it,
+/// then replays what it committed: one effect.
+pub async fn duplicate_waits_for_the_open_transaction_then_replays<DB: TestSql>(
+    store: Arc<SqlStore<DB>>,
+) {
+    effects_table(store.pool()).await;
+    let (key, nonce) = fresh_key("tx-wait");
+    let first = claim_and_write(&store, &key, &nonce).await;
+    let duplicate = {
+        let (store, key) = (store.clone(), key.clone());
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let claim = store.claim_in_transaction(&key, &fp(), LONG).await.unwrap();
+            (claim, started.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.commit(&response(), LONG).await.unwrap();
+    let (claim, waited) = duplicate.await.unwrap();
+    match claim {
+        TransactionalClaim::Answered(Claim::Replay(outcome)) => assert_eq!(outcome, response()),
+        other => panic!("expected a replay after waiting, got {other:?}"),
+    }
+    assert!(
+        waited >= Duration::from_millis(250),
+        "it did not wait: {waited:?}"
+    );
+    assert_eq!(effects(store.pool(), &nonce).await, 1);
+}
+
+/// A duplicate that outwaits the lock timeout is told the key is in flight.
+/// The store must have been built with a lock timeout (or SQLite busy
+/// timeout) of about a second.
+pub async fn duplicate_past_the_lock_timeout_is_in_flight<DB: TestSql>(store: Arc<SqlStore<DB>>) {
+    effects_table(store.pool()).await;
+    let (key, nonce) = fresh_key("tx-timeout");
+    let first = claim_and_write(&store, &key, &nonce).await;
+    let claim = store.claim_in_transaction(&key, &fp(), LONG).await.unwrap();
+    assert!(
+        matches!(claim, TransactionalClaim::Answered(Claim::InFlight { .. })),
+        "{claim:?}"
+    );
+    first.commit(&response(), LONG).await.unwrap();
+    assert_eq!(effects(store.pool(), &nonce).await, 1);
+}
+
+/// `migrate` is idempotent, and a custom table works.
+pub async fn migrate_twice_and_custom_table<DB: TestSql>(store: Arc<SqlStore<DB>>) {
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap();
+    let custom = SqlStore::with_table(store.pool().clone(), "idem_custom_records").unwrap();
+    custom.migrate().await.unwrap();
+    custom.migrate().await.unwrap();
+    let (key, _) = fresh_key("custom");
+    assert!(matches!(
+        custom.claim(&key, &fp(), LONG).await.unwrap(),
+        Claim::Acquired(_)
+    ));
+    let bad = SqlStore::with_table(store.pool().clone(), "x; DROP TABLE y").unwrap_err();
+    assert_eq!(bad.kind(), crate::ErrorKind::Config);
+}
+
+/// `purge_expired` deletes expired rows in batches and leaves live ones.
+pub async fn purge_removes_only_expired_rows<DB: TestSql>(store: Arc<SqlStore<DB>>) {
+    let (live, _) = fresh_key("purge-live");
+    let Claim::Acquired(owner) = store.claim(&live, &fp(), LONG).await.unwrap() else {
+        panic!("fresh key");
+    };
+    for i in 0..5 {
+        let (dead, _) = fresh_key(&format!("purge-dead-{i}"));
+        let _ = store
+            .claim(&dead, &fp(), Duration::from_millis(1))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let purged = store.purge_expired(2).await.unwrap();
+    assert!(purged >= 5, "purged {purged}");
+    store
+        .complete(&live, &owner, &response(), LONG)
+        .await
+        .unwrap();
+}
+
+/// Generates one test per transactional case; `$make` as for
+/// [`store_conformance_tests!`](crate::store_conformance_tests).
+#[macro_export]
+macro_rules! transactional_conformance_tests {
+    ($make:expr) => {
+        $crate::transactional_conformance_tests!(@cases $make;
+            commit_keeps_writes_and_outcome,
+            rollback_undoes_writes_and_claim,
+            dropped_transaction_rolls_back,
+            duplicate_waits_for_the_open_transaction_then_replays,
+            duplicate_past_the_lock_timeout_is_in_flight,
+            migrate_twice_and_custom_table,
+            purge_removes_only_expired_rows,
+        );
+    };
+    (@cases $make:expr; $($case:ident,)*) => {
+        $(
+            #[test]
+            fn $case() {
+                $crate::conformance::run(async {
+                    if let Some(store) = $make.await {
+                        $crate::conformance::sql::$case(::std::sync::Arc::new(store)).await;
+                    }
+                });
+            }
+        )*
+    };
+}

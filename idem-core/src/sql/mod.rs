@@ -1,0 +1,428 @@
+//! SQL stores on [sqlx]: the source of truth.
+//!
+//! One table, one row per key, the key's hash as primary key: the unique
+//! index is what makes a claim atomic across any number of processes. Every
+//! transition is one statement guarded by the owner token, and every expiry
+//! is judged by the database's clock (`now()`, `UTC_TIMESTAMP(6)`, SQLite's
+//! `julianday('now')`), never the app server's.
+//!
+//! ```no_run
+//! # #[cfg(feature = "postgres")]
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use idem_core::sql::{PgStore, sqlx::PgPool};
+//!
+//! let pool = PgPool::connect("postgres://localhost/app").await?;
+//! let store = PgStore::new(pool);
+//! store.migrate().await?; // idempotent; its own version table
+//! # Ok(()) }
+//! ```
+//!
+//! # Purging expired rows
+//!
+//! Expired rows are dead (a claim takes them over), but they take space.
+//! [`SqlStore::purge_expired`] deletes them in bounded batches; run it on a
+//! timer in one process, or from cron, whichever you already have:
+//!
+//! ```no_run
+//! # #[cfg(feature = "postgres")]
+//! # fn run(store: idem_core::sql::PgStore) {
+//! tokio::spawn(async move {
+//!     let mut every = tokio::time::interval(std::time::Duration::from_secs(300));
+//!     loop {
+//!         every.tick().await;
+//!         if let Err(err) = store.purge_expired(1_000).await {
+//!             tracing::warn!(%err, "idempotency purge failed; will retry");
+//!         }
+//!     }
+//! });
+//! # }
+//! ```
+//!
+//! # Transactional mode
+//!
+//! Each store is also a [`TransactionalStore`]: the claim row, the handler's
+//! business writes and the stored response commit in one transaction. See
+//! [`transaction`](crate::transaction) and the `Tx` extractor of
+//! `idem-tower`.
+
+mod dialect;
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "postgres")]
+mod postgres;
+mod slot;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use dialect::Dialect;
+use dialect::{ClaimArgs, ClaimStep, Queries};
+pub use slot::{TxLease, TxSlot};
+/// The sqlx crate this store is built on, so your pool is the very type the
+/// store takes.
+pub use sqlx;
+
+use crate::transaction::{BoxFuture, ClaimTransaction, TransactionalClaim, TransactionalStore};
+use crate::{
+    Claim, Error, ErrorKind, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken,
+};
+
+/// The table records go in unless configured otherwise.
+pub const DEFAULT_TABLE: &str = "idem_records";
+/// How long a transactional claim waits on another transaction's row.
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
+/// How many times a claim retries a row that vanished or expired between
+/// its statements, before it reports the store unavailable.
+const CLAIM_ATTEMPTS: usize = 8;
+
+/// A store on PostgreSQL.
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub type PgStore = SqlStore<sqlx::Postgres>;
+/// A store on MySQL or MariaDB.
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub type MySqlStore = SqlStore<sqlx::MySql>;
+/// A store on SQLite.
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub type SqliteStore = SqlStore<sqlx::Sqlite>;
+
+/// Idempotency records in a SQL table, on your own sqlx pool.
+pub struct SqlStore<DB: Dialect> {
+    inner: Arc<Inner<DB>>,
+}
+
+struct Inner<DB: Dialect> {
+    pool: sqlx::Pool<DB>,
+    table: String,
+    queries: Queries,
+    lock_timeout: Duration,
+}
+
+impl<DB: Dialect> Clone for SqlStore<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<DB: Dialect> fmt::Debug for SqlStore<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlStore")
+            .field("database", &<DB as sqlx::Database>::NAME)
+            .field("table", &self.inner.table)
+            .field("lock_timeout", &self.inner.lock_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: Dialect> SqlStore<DB> {
+    /// A store on `pool`, in table [`DEFAULT_TABLE`].
+    pub fn new(pool: sqlx::Pool<DB>) -> Self {
+        Self::build(pool, DEFAULT_TABLE.to_owned(), DEFAULT_LOCK_TIMEOUT)
+    }
+
+    /// A store on `pool` in `table`: an identifier of ASCII letters, digits
+    /// and underscores, not starting with a digit, at most 48 bytes.
+    /// Anything else is an [`ErrorKind::Config`] error.
+    pub fn with_table(pool: sqlx::Pool<DB>, table: &str) -> Result<Self, Error> {
+        validate_identifier(table)?;
+        Ok(Self::build(pool, table.to_owned(), DEFAULT_LOCK_TIMEOUT))
+    }
+
+    /// How long a transactional claim waits for another transaction holding
+    /// the same key before answering "in flight" ([`DEFAULT_LOCK_TIMEOUT`]).
+    /// SQLite waits for its pool's `busy_timeout` instead.
+    pub fn lock_timeout(self, timeout: Duration) -> Self {
+        let inner = &self.inner;
+        Self::build(inner.pool.clone(), inner.table.clone(), timeout)
+    }
+
+    fn build(pool: sqlx::Pool<DB>, table: String, lock_timeout: Duration) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                queries: DB::queries(&table),
+                pool,
+                table,
+                lock_timeout,
+            }),
+        }
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &sqlx::Pool<DB> {
+        &self.inner.pool
+    }
+
+    /// The table name.
+    pub fn table(&self) -> &str {
+        &self.inner.table
+    }
+
+    /// Creates the records table and its index if missing, recording what
+    /// it applied in its own version table (`{table}_schema`, never sqlx's
+    /// `_sqlx_migrations`). Safe to run at every start, from several
+    /// processes at once.
+    pub async fn migrate(&self) -> Result<(), Error> {
+        DB::migrate(&self.inner.pool, &self.inner.table)
+            .await
+            .map_err(unavailable)
+    }
+
+    /// Deletes expired records, `batch` rows per statement, until none is
+    /// left; returns how many it deleted. Short statements keep locks short.
+    pub async fn purge_expired(&self, batch: u32) -> Result<u64, Error> {
+        let batch = i64::from(batch.max(1));
+        let mut conn = self.inner.pool.acquire().await.map_err(unavailable)?;
+        let mut total = 0;
+        loop {
+            let deleted = DB::purge(&mut conn, &self.inner.queries, batch)
+                .await
+                .map_err(unavailable)?;
+            total += deleted;
+            if deleted < batch as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Claims on `conn`, retrying while the row in the way vanishes or
+    /// expires between statements.
+    async fn claim_on(
+        &self,
+        conn: &mut DB::Connection,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<(Claim, OwnerToken), sqlx::Error> {
+        let key_hash = key_hash(key);
+        let owner = OwnerToken::generate();
+        for _ in 0..CLAIM_ATTEMPTS {
+            let args = ClaimArgs {
+                key_hash: &key_hash,
+                key: key.as_str(),
+                fingerprint,
+                owner: &owner,
+                lease_ms: millis(lease),
+            };
+            match DB::claim(conn, &self.inner.queries, args).await? {
+                ClaimStep::Acquired => return Ok((Claim::Acquired(owner), owner)),
+                ClaimStep::Vanished => continue,
+                ClaimStep::Existing(row) => match row.answer(fingerprint) {
+                    Ok(Some(claim)) => return Ok((claim, owner)),
+                    Ok(None) => continue,
+                    Err(err) => return Err(sqlx::Error::Decode(err.into())),
+                },
+            }
+        }
+        Err(sqlx::Error::Protocol(
+            "idempotency record kept changing under the claim".into(),
+        ))
+    }
+}
+
+fn key_hash(key: &IdempotencyKey) -> [u8; 32] {
+    *blake3::hash(key.as_str().as_bytes()).as_bytes()
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX).max(1)
+}
+
+/// Maps a database error to the store error contract.
+fn unavailable(err: sqlx::Error) -> Error {
+    match err {
+        sqlx::Error::Decode(source) => match source.downcast::<Error>() {
+            Ok(err) => *err,
+            Err(source) => Error::new(ErrorKind::Corrupt, source),
+        },
+        other => Error::unavailable(other),
+    }
+}
+
+fn validate_identifier(name: &str) -> Result<(), Error> {
+    let mut bytes = name.bytes();
+    let valid = name.len() <= 48
+        && bytes
+            .next()
+            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if valid {
+        Ok(())
+    } else {
+        Err(Error::new(
+            ErrorKind::Config,
+            format!(
+                "{name:?} is not a valid table name: use ASCII letters, digits and \
+                 underscores, not starting with a digit, at most 48 bytes"
+            ),
+        ))
+    }
+}
+
+impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
+    async fn claim(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<Claim, Error> {
+        let mut conn = self.inner.pool.acquire().await.map_err(unavailable)?;
+        let (claim, _) = self
+            .claim_on(&mut conn, key, fingerprint, lease)
+            .await
+            .map_err(unavailable)?;
+        Ok(claim)
+    }
+
+    async fn complete(
+        &self,
+        key: &IdempotencyKey,
+        owner: &OwnerToken,
+        outcome: &Outcome,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        let mut conn = self.inner.pool.acquire().await.map_err(unavailable)?;
+        let done = DB::complete(
+            &mut conn,
+            &self.inner.queries,
+            &key_hash(key),
+            owner,
+            &outcome.encode(),
+            millis(retention),
+        )
+        .await
+        .map_err(unavailable)?;
+        if done {
+            Ok(())
+        } else {
+            Err(Error::lease_lost())
+        }
+    }
+
+    async fn release(&self, key: &IdempotencyKey, owner: &OwnerToken) -> Result<(), Error> {
+        let mut conn = self.inner.pool.acquire().await.map_err(unavailable)?;
+        let done = DB::release(&mut conn, &self.inner.queries, &key_hash(key), owner)
+            .await
+            .map_err(unavailable)?;
+        if done {
+            Ok(())
+        } else {
+            Err(Error::lease_lost())
+        }
+    }
+
+    fn transactional(&self) -> Option<&dyn TransactionalStore> {
+        Some(self)
+    }
+}
+
+impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
+    fn claim_in_transaction<'a>(
+        &'a self,
+        key: &'a IdempotencyKey,
+        fingerprint: &'a Fingerprint,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<TransactionalClaim, Error>> {
+        Box::pin(async move {
+            let mut tx = self.inner.pool.begin().await.map_err(unavailable)?;
+            DB::set_lock_timeout(&mut tx, self.inner.lock_timeout)
+                .await
+                .map_err(unavailable)?;
+            match self.claim_on(&mut tx, key, fingerprint, lease).await {
+                Ok((Claim::Acquired(owner), _)) => Ok(TransactionalClaim::Acquired(Box::new(
+                    SqlClaimTransaction {
+                        slot: TxSlot::new(tx),
+                        store: self.clone(),
+                        key_hash: key_hash(key),
+                        owner,
+                    },
+                ))),
+                // Nothing of ours to keep: dropping `tx` rolls it back.
+                Ok((answer, _)) => Ok(TransactionalClaim::Answered(answer)),
+                Err(err) if DB::is_lock_timeout(&err) => {
+                    Ok(TransactionalClaim::Answered(Claim::InFlight {
+                        retry_after: self.inner.lock_timeout.max(Duration::from_secs(1)),
+                    }))
+                }
+                Err(err) => Err(unavailable(err)),
+            }
+        })
+    }
+}
+
+/// A claim held in an open transaction, shared with the request through a
+/// [`TxSlot`].
+struct SqlClaimTransaction<DB: Dialect> {
+    slot: TxSlot<DB>,
+    store: SqlStore<DB>,
+    key_hash: [u8; 32],
+    owner: OwnerToken,
+}
+
+impl<DB: Dialect> ClaimTransaction for SqlClaimTransaction<DB> {
+    fn attach(&self, extensions: &mut http::Extensions) {
+        extensions.insert(self.slot.clone());
+    }
+
+    fn commit<'a>(
+        self: Box<Self>,
+        outcome: &'a Outcome,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let mut tx = self.slot.take().await?;
+            let done = DB::complete(
+                &mut tx,
+                &self.store.inner.queries,
+                &self.key_hash,
+                &self.owner,
+                &outcome.encode(),
+                millis(retention),
+            )
+            .await
+            .map_err(unavailable)?;
+            if !done {
+                return Err(Error::lease_lost());
+            }
+            tx.commit().await.map_err(unavailable)
+        })
+    }
+
+    fn rollback(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {
+        Box::pin(async move {
+            let tx = self.slot.take().await?;
+            tx.rollback().await.map_err(unavailable)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_are_identifiers() {
+        for ok in ["idem_records", "_t", "T2", &"a".repeat(48)] {
+            assert!(validate_identifier(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "1t",
+            "t-t",
+            "t;drop table x",
+            "s.t",
+            "t t",
+            &"a".repeat(49),
+            "é",
+        ] {
+            let err = validate_identifier(bad).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Config, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! PostgreSQL: `INSERT ... ON CONFLICT DO UPDATE ... WHERE expired RETURNING`
+//! claims or takes over in one statement; the clock is `now()`.
+
+use std::time::Duration;
+
+use sqlx::postgres::PgConnection;
+use sqlx::{AssertSqlSafe, Postgres};
+
+use super::dialect::{
+    ClaimArgs, ClaimStep, Dialect, Queries, has_code, record_row, render, sealed,
+};
+use crate::OwnerToken;
+
+const MIGRATIONS: &[(i64, &str)] = &[(
+    1,
+    include_str!("../../migrations/postgres/0001_create_records.sql"),
+)];
+
+impl sealed::Sealed for Postgres {}
+
+impl Dialect for Postgres {
+    fn queries(table: &str) -> Queries {
+        Queries {
+            claim: render(
+                "INSERT INTO {table} AS r \
+                   (key_hash, idem_key, state, owner, fingerprint, outcome, expires_at) \
+                 VALUES ($1, $2, 'I', $3, $4, NULL, now() + $5::float8 * interval '1 millisecond') \
+                 ON CONFLICT (key_hash) DO UPDATE SET \
+                   idem_key = EXCLUDED.idem_key, state = 'I', owner = EXCLUDED.owner, \
+                   fingerprint = EXCLUDED.fingerprint, outcome = NULL, \
+                   expires_at = EXCLUDED.expires_at, created_at = now() \
+                 WHERE r.expires_at <= now() \
+                 RETURNING 1",
+                table,
+            ),
+            select: render(
+                "SELECT state::text, owner, fingerprint, outcome, \
+                   (EXTRACT(EPOCH FROM (expires_at - now())) * 1000)::int8 \
+                 FROM {table} WHERE key_hash = $1",
+                table,
+            ),
+            complete: render(
+                "UPDATE {table} SET state = 'C', owner = NULL, outcome = $3, \
+                   expires_at = now() + $4::float8 * interval '1 millisecond' \
+                 WHERE key_hash = $1 AND state = 'I' AND owner = $2",
+                table,
+            ),
+            release: render(
+                "DELETE FROM {table} WHERE key_hash = $1 AND state = 'I' AND owner = $2",
+                table,
+            ),
+            purge: render(
+                "DELETE FROM {table} WHERE key_hash IN ( \
+                   SELECT key_hash FROM {table} WHERE expires_at < now() \
+                   LIMIT $1 FOR UPDATE SKIP LOCKED)",
+                table,
+            ),
+        }
+    }
+
+    async fn migrate(pool: &sqlx::Pool<Self>, table: &str) -> Result<(), sqlx::Error> {
+        let mut tx = pool.begin().await?;
+        // One migrator at a time; the lock ends with the transaction.
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+            .bind(format!("idem-migrate:{table}"))
+            .execute(&mut *tx)
+            .await?;
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE TABLE IF NOT EXISTS {table}_schema ( \
+               version BIGINT PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+        )))
+        .execute(&mut *tx)
+        .await?;
+        let applied: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT max(version) FROM {table}_schema"
+        )))
+        .fetch_one(&mut *tx)
+        .await?;
+        for (version, sql) in MIGRATIONS {
+            if applied.is_some_and(|a| a >= *version) {
+                continue;
+            }
+            sqlx::raw_sql(AssertSqlSafe(sql.replace("{table}", table)))
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {table}_schema (version) VALUES ($1)"
+            )))
+            .bind(version)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await
+    }
+
+    async fn claim(
+        conn: &mut PgConnection,
+        q: &Queries,
+        args: ClaimArgs<'_>,
+    ) -> Result<ClaimStep, sqlx::Error> {
+        let inserted = sqlx::query(AssertSqlSafe(q.claim.clone()))
+            .bind(&args.key_hash[..])
+            .bind(args.key)
+            .bind(&args.owner.as_bytes()[..])
+            .bind(&args.fingerprint.as_bytes()[..])
+            .bind(args.lease_ms as f64)
+            .fetch_optional(&mut *conn)
+            .await?;
+        if inserted.is_some() {
+            return Ok(ClaimStep::Acquired);
+        }
+        let row = sqlx::query(AssertSqlSafe(q.select.clone()))
+            .bind(&args.key_hash[..])
+            .fetch_optional(&mut *conn)
+            .await?;
+        Ok(match row {
+            Some(row) => ClaimStep::Existing(record_row(&row)?),
+            None => ClaimStep::Vanished,
+        })
+    }
+
+    async fn complete(
+        conn: &mut PgConnection,
+        q: &Queries,
+        key_hash: &[u8; 32],
+        owner: &OwnerToken,
+        outcome: &[u8],
+        retention_ms: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(AssertSqlSafe(q.complete.clone()))
+            .bind(&key_hash[..])
+            .bind(&owner.as_bytes()[..])
+            .bind(outcome)
+            .bind(retention_ms as f64)
+            .execute(&mut *conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn release(
+        conn: &mut PgConnection,
+        q: &Queries,
+        key_hash: &[u8; 32],
+        owner: &OwnerToken,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(AssertSqlSafe(q.release.clone()))
+            .bind(&key_hash[..])
+            .bind(&owner.as_bytes()[..])
+            .execute(&mut *conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn purge(conn: &mut PgConnection, q: &Queries, batch: i64) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(AssertSqlSafe(q.purge.clone()))
+            .bind(batch)
+            .execute(&mut *conn)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn set_lock_timeout(
+        conn: &mut PgConnection,
+        timeout: Duration,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+            .bind(format!("{}ms", timeout.as_millis().max(1)))
+            .execute(&mut *conn)
+            .await
+            .map(drop)
+    }
+
+    fn is_lock_timeout(err: &sqlx::Error) -> bool {
+        // lock_not_available, deadlock_detected
+        has_code(err, &["55P03", "40P01"])
+    }
+}

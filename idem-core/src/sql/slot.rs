@@ -1,0 +1,68 @@
+//! How the handler reaches the transaction its claim lives in.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Mutex, OwnedMutexGuard};
+
+use crate::{Error, ErrorKind};
+
+/// How long the layer waits for a handler to let go of the transaction
+/// (a task it spawned may still hold it) before giving up on committing.
+const TAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The open transaction of a transactional claim, shared between the layer
+/// (which commits or rolls it back) and the request (whose extractor lends
+/// it to the handler). Put in request extensions by the layer.
+pub struct TxSlot<DB: sqlx::Database> {
+    tx: Arc<Mutex<Option<sqlx::Transaction<'static, DB>>>>,
+}
+
+impl<DB: sqlx::Database> Clone for TxSlot<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            tx: self.tx.clone(),
+        }
+    }
+}
+
+impl<DB: sqlx::Database> std::fmt::Debug for TxSlot<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TxSlot").finish_non_exhaustive()
+    }
+}
+
+/// A lease of the slot's transaction: holds it until dropped.
+pub type TxLease<DB> = OwnedMutexGuard<Option<sqlx::Transaction<'static, DB>>>;
+
+impl<DB: sqlx::Database> TxSlot<DB> {
+    pub(crate) fn new(tx: sqlx::Transaction<'static, DB>) -> Self {
+        Self {
+            tx: Arc::new(Mutex::new(Some(tx))),
+        }
+    }
+
+    /// Lends the transaction until the returned guard is dropped. `None`
+    /// inside means the layer has already finished with it.
+    pub async fn lease(&self) -> TxLease<DB> {
+        self.tx.clone().lock_owned().await
+    }
+
+    /// Takes the transaction back for commit or rollback.
+    pub(crate) async fn take(&self) -> Result<sqlx::Transaction<'static, DB>, Error> {
+        let mut guard = tokio::time::timeout(TAKE_TIMEOUT, self.tx.lock())
+            .await
+            .map_err(|_| {
+                Error::new(
+                    ErrorKind::Unavailable,
+                    "the handler still holds the idempotency transaction",
+                )
+            })?;
+        guard.take().ok_or_else(|| {
+            Error::new(
+                ErrorKind::Unavailable,
+                "the idempotency transaction was already finished",
+            )
+        })
+    }
+}

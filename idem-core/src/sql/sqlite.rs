@@ -1,0 +1,165 @@
+//! SQLite: `INSERT ... ON CONFLICT DO UPDATE ... WHERE expired RETURNING`, as
+//! on PostgreSQL; the clock is SQLite's `julianday('now')` in Unix
+//! milliseconds. One writer at a time: a transactional claim holds the
+//! database's write lock until it commits, and others wait for the pool's
+//! `busy_timeout`.
+
+use std::time::Duration;
+
+use sqlx::sqlite::SqliteConnection;
+use sqlx::{AssertSqlSafe, Sqlite};
+
+use super::dialect::{
+    ClaimArgs, ClaimStep, Dialect, Queries, has_code, record_row, render, sealed,
+};
+use crate::OwnerToken;
+
+const MIGRATIONS: &[(i64, &str)] = &[(
+    1,
+    include_str!("../../migrations/sqlite/0001_create_records.sql"),
+)];
+
+const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+
+impl sealed::Sealed for Sqlite {}
+
+impl Dialect for Sqlite {
+    fn queries(table: &str) -> Queries {
+        let sql = |s: &str| render(&s.replace("{now}", NOW_MS), table);
+        Queries {
+            claim: sql("INSERT INTO {table} AS r \
+                   (key_hash, idem_key, state, owner, fingerprint, outcome, expires_at) \
+                 VALUES (?1, ?2, 'I', ?3, ?4, NULL, {now} + ?5) \
+                 ON CONFLICT (key_hash) DO UPDATE SET \
+                   idem_key = excluded.idem_key, state = 'I', owner = excluded.owner, \
+                   fingerprint = excluded.fingerprint, outcome = NULL, \
+                   expires_at = excluded.expires_at, created_at = {now} \
+                 WHERE r.expires_at <= {now} \
+                 RETURNING 1"),
+            select: sql(
+                "SELECT state, owner, fingerprint, outcome, expires_at - {now} \
+                 FROM {table} WHERE key_hash = ?1",
+            ),
+            complete: sql(
+                "UPDATE {table} SET state = 'C', owner = NULL, outcome = ?3, \
+                   expires_at = {now} + ?4 \
+                 WHERE key_hash = ?1 AND state = 'I' AND owner = ?2",
+            ),
+            release: sql("DELETE FROM {table} WHERE key_hash = ?1 AND state = 'I' AND owner = ?2"),
+            purge: sql("DELETE FROM {table} WHERE key_hash IN ( \
+                   SELECT key_hash FROM {table} WHERE expires_at < {now} LIMIT ?1)"),
+        }
+    }
+
+    async fn migrate(pool: &sqlx::Pool<Self>, table: &str) -> Result<(), sqlx::Error> {
+        // BEGIN IMMEDIATE takes the write lock first: one migrator at a time.
+        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE TABLE IF NOT EXISTS {table}_schema ( \
+               version INTEGER PRIMARY KEY, \
+               applied_at INTEGER NOT NULL DEFAULT ({NOW_MS}))"
+        )))
+        .execute(&mut *tx)
+        .await?;
+        let applied: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT max(version) FROM {table}_schema"
+        )))
+        .fetch_one(&mut *tx)
+        .await?;
+        for (version, sql) in MIGRATIONS {
+            if applied.is_some_and(|a| a >= *version) {
+                continue;
+            }
+            sqlx::raw_sql(AssertSqlSafe(sql.replace("{table}", table)))
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT OR IGNORE INTO {table}_schema (version) VALUES (?1)"
+            )))
+            .bind(version)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await
+    }
+
+    async fn claim(
+        conn: &mut SqliteConnection,
+        q: &Queries,
+        args: ClaimArgs<'_>,
+    ) -> Result<ClaimStep, sqlx::Error> {
+        let inserted = sqlx::query(AssertSqlSafe(q.claim.clone()))
+            .bind(&args.key_hash[..])
+            .bind(args.key)
+            .bind(&args.owner.as_bytes()[..])
+            .bind(&args.fingerprint.as_bytes()[..])
+            .bind(args.lease_ms)
+            .fetch_optional(&mut *conn)
+            .await?;
+        if inserted.is_some() {
+            return Ok(ClaimStep::Acquired);
+        }
+        let row = sqlx::query(AssertSqlSafe(q.select.clone()))
+            .bind(&args.key_hash[..])
+            .fetch_optional(&mut *conn)
+            .await?;
+        Ok(match row {
+            Some(row) => ClaimStep::Existing(record_row(&row)?),
+            None => ClaimStep::Vanished,
+        })
+    }
+
+    async fn complete(
+        conn: &mut SqliteConnection,
+        q: &Queries,
+        key_hash: &[u8; 32],
+        owner: &OwnerToken,
+        outcome: &[u8],
+        retention_ms: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(AssertSqlSafe(q.complete.clone()))
+            .bind(&key_hash[..])
+            .bind(&owner.as_bytes()[..])
+            .bind(outcome)
+            .bind(retention_ms)
+            .execute(&mut *conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn release(
+        conn: &mut SqliteConnection,
+        q: &Queries,
+        key_hash: &[u8; 32],
+        owner: &OwnerToken,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(AssertSqlSafe(q.release.clone()))
+            .bind(&key_hash[..])
+            .bind(&owner.as_bytes()[..])
+            .execute(&mut *conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn purge(
+        conn: &mut SqliteConnection,
+        q: &Queries,
+        batch: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(AssertSqlSafe(q.purge.clone()))
+            .bind(batch)
+            .execute(&mut *conn)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn set_lock_timeout(_: &mut SqliteConnection, _: Duration) -> Result<(), sqlx::Error> {
+        // SQLite waits on the connection's busy_timeout, set on the pool.
+        Ok(())
+    }
+
+    fn is_lock_timeout(err: &sqlx::Error) -> bool {
+        // SQLITE_BUSY and its extended codes
+        has_code(err, &["5", "261", "517"])
+    }
+}

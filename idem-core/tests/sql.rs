@@ -1,0 +1,87 @@
+//! The store and transactional conformance suites against real PostgreSQL,
+//! MariaDB/MySQL and SQLite. Server URLs come from the environment:
+//! `IDEM_TEST_POSTGRES_URL`, `IDEM_TEST_MYSQL_URL`; SQLite uses a fresh file
+//! under the system temp directory.
+#![cfg(all(
+    feature = "test-util",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite"
+))]
+
+use std::time::Duration;
+
+use idem_core::conformance::{server_missing, server_url};
+use idem_core::sql::sqlx::mysql::MySqlPoolOptions;
+use idem_core::sql::sqlx::postgres::PgPoolOptions;
+use idem_core::sql::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+use idem_core::sql::{MySqlStore, PgStore, SqliteStore};
+
+/// Short enough for the lock-timeout case to run quickly.
+const LOCK_TIMEOUT: Duration = Duration::from_secs(1);
+
+async fn postgres() -> Option<PgStore> {
+    let url = server_url(
+        "IDEM_TEST_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    );
+    let pool = match PgPoolOptions::new().max_connections(80).connect(&url).await {
+        Ok(pool) => pool,
+        Err(err) => return server_missing("PostgreSQL", &url, err),
+    };
+    let store = PgStore::new(pool).lock_timeout(LOCK_TIMEOUT);
+    store.migrate().await.expect("migrate");
+    Some(store)
+}
+
+async fn mysql() -> Option<MySqlStore> {
+    let url = server_url("IDEM_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+    let pool = match MySqlPoolOptions::new()
+        .max_connections(80)
+        .connect(&url)
+        .await
+    {
+        Ok(pool) => pool,
+        Err(err) => return server_missing("MySQL/MariaDB", &url, err),
+    };
+    let store = MySqlStore::new(pool).lock_timeout(LOCK_TIMEOUT);
+    store.migrate().await.expect("migrate");
+    Some(store)
+}
+
+async fn sqlite() -> Option<SqliteStore> {
+    let path = std::env::temp_dir().join(format!("idem-test-{:016x}.db", rand_u64()));
+    let options = SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(LOCK_TIMEOUT);
+    let pool = SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(options)
+        .await
+        .expect("a SQLite file in the temp directory");
+    let store = SqliteStore::new(pool);
+    store.migrate().await.expect("migrate");
+    Some(store)
+}
+
+fn rand_u64() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::time::SystemTime::now())
+}
+
+mod postgres {
+    idem_core::store_conformance_tests!(super::postgres());
+    idem_core::transactional_conformance_tests!(super::postgres());
+}
+
+mod mysql {
+    idem_core::store_conformance_tests!(super::mysql());
+    idem_core::transactional_conformance_tests!(super::mysql());
+}
+
+mod sqlite {
+    idem_core::store_conformance_tests!(super::sqlite());
+    idem_core::transactional_conformance_tests!(super::sqlite());
+}
