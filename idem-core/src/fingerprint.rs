@@ -4,7 +4,9 @@ use std::fmt;
 
 use crate::{KeyError, RequestView};
 
-/// What a [`Fingerprint`] covers besides the method and the route.
+/// What a [`Fingerprint`] covers besides the method, the route pattern and
+/// the path parameters (which always count: one key sent to `/orders/1/pay`
+/// and then to `/orders/2/pay` is two different requests, never a replay).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum FingerprintSpec {
@@ -16,7 +18,8 @@ pub enum FingerprintSpec {
     /// The canonical query and only these JSON pointers into the body, for
     /// bodies that carry volatile fields such as a client timestamp.
     JsonFields(Vec<String>),
-    /// Method and route only: any body is accepted under the same key.
+    /// Method, route and path parameters only: any query and body are
+    /// accepted under the same key.
     MethodAndRoute,
 }
 
@@ -45,6 +48,13 @@ impl Fingerprint {
         ));
         h.bytes(request.method.as_str().as_bytes());
         h.bytes(request.route.as_bytes());
+        let mut params: Vec<_> = request.path_params.iter().collect();
+        params.sort_unstable();
+        h.len(params.len());
+        for (name, value) in params {
+            h.bytes(name.as_bytes());
+            h.bytes(value.as_bytes());
+        }
         if matches!(spec, FingerprintSpec::MethodAndRoute) {
             return Ok(h.finish());
         }
@@ -184,6 +194,26 @@ mod tests {
         assert_ne!(base, fp(Method::POST, "/b", Some("x=1"), b"{}", &spec));
         assert_ne!(base, fp(Method::POST, "/a", Some("x=2"), b"{}", &spec));
         assert_ne!(base, fp(Method::POST, "/a", Some("x=1"), b"[]", &spec));
+    }
+
+    #[test]
+    fn path_parameters_always_count() {
+        let h = HeaderMap::new();
+        let one = [("order_id".to_owned(), "1".to_owned())];
+        let two = [("order_id".to_owned(), "2".to_owned())];
+        for spec in [
+            FingerprintSpec::Request,
+            FingerprintSpec::JsonFields(vec!["/a".into()]),
+            FingerprintSpec::MethodAndRoute,
+        ] {
+            let fp = |params| {
+                let r = RequestView::new(&Method::POST, "/orders/{order_id}/pay", &h)
+                    .path_params(params)
+                    .body(b"{}");
+                Fingerprint::of(&r, &spec).unwrap()
+            };
+            assert_ne!(fp(&one), fp(&two), "{spec:?}");
+        }
     }
 
     #[test]

@@ -1,2 +1,131 @@
 //! Procedural macros for idem. Use them through `idem-tower` (feature
 //! `macros`); generated code names only `::idem_tower::__private` paths.
+
+mod attr;
+mod expand;
+
+use proc_macro::TokenStream;
+
+/// Makes an axum handler idempotent: the first request with a key runs it,
+/// duplicates get its stored response replayed (`Idempotent-Replayed: true`).
+///
+/// The handler stays an ordinary `async fn` with any extractors and any
+/// `IntoResponse` return type, and its route line does not change:
+/// `post(create_order)`. The router state must hold an `Idempotency` handle,
+/// reached through `FromRef` (or be one). Behind the attribute is the very
+/// layer tower users write by hand, `idem.layer_with_key(key)` plus one
+/// builder call per argument, so both paths answer the same HTTP contract:
+/// 400 when the key is missing, 409 while the first request runs, 422 when
+/// the key is reused for a different request, 503 when the store is down.
+///
+/// # Arguments
+///
+/// - `key = "..."` (required): the key template, such as
+///   `"order-create:{tenant}:{user}:{header:idempotency-key}"`. Placeholders:
+///   `{tenant}`, `{user}`, `{header:NAME}`, `{path:NAME}`, `{query:NAME}`,
+///   `{body:/json/pointer}`, `{method}`, `{route}`; at least one must come
+///   from the request itself (header, path, query or body).
+/// - `ttl = "24h"`: how long a completed response is replayed
+///   (`IdempotencyLayer::retention`); the handle's retention (24 h) if unset.
+/// - `lease = "30s"`: how long a first attempt holds its key before a
+///   duplicate may take it over (`IdempotencyLayer::lease`); set it above
+///   the handler's time budget. The handle's lease (60 s) if unset.
+/// - `required = false`: let requests without their key through, not
+///   deduplicated; a partly present or malformed key is still a 400.
+///   Default `true`: a request without its key is a 400.
+/// - `in_flight = "reject"` or `in_flight = "wait(5s)"`: what a duplicate
+///   gets while the first request runs: 409 with `Retry-After` at once, or
+///   wait up to that long and replay the first's response. The handle's
+///   policy (reject) if unset.
+/// - `fingerprint = "body"` (the default), `"none"` or a list of JSON
+///   pointers such as `["/amount", "/currency"]`: what must match for a
+///   duplicate to be replayed rather than answered 422. `"body"` covers
+///   method, route, query and the whole body (JSON canonicalised); `"none"`
+///   covers method and route only; a list covers method, route, query and
+///   just those body fields, for bodies with volatile fields such as a
+///   client timestamp.
+///
+/// Durations are written with a unit: `"30s"`, `"10m"`, `"24h"`, `"7days"`,
+/// `"1h 30m"`.
+///
+/// # Checked at compile time
+///
+/// Each of these is an error on the token to fix, saying what to write
+/// instead: an unknown or repeated argument, a missing `key`, a duration
+/// that does not parse, a template with a syntax error, an unknown
+/// placeholder or no per-request placeholder (a constant key such as
+/// `"idempotent:pay"` would make every user share one key), `{body:...}` in
+/// the key with `fingerprint = "none"`, and a function that is not `async`,
+/// is generic, or is a method taking `self`. A router state that does not
+/// give the handle is reported at the route as "the trait bound
+/// `Idempotency: FromRef<AppState>` is not satisfied".
+///
+/// # Example
+///
+/// ```
+/// use axum::extract::{FromRef, Path, State};
+/// use axum::http::StatusCode;
+/// use axum::{Json, Router, routing::post};
+/// use idem_tower::{Idempotency, MemoryStore, Resolver, idempotent};
+/// use serde_json::{Value, json};
+///
+/// #[derive(Clone)]
+/// struct AppState {
+///     idem: Idempotency,
+/// }
+///
+/// impl FromRef<AppState> for Idempotency {
+///     fn from_ref(state: &AppState) -> Self {
+///         state.idem.clone()
+///     }
+/// }
+///
+/// /// Creates an order, once per `Idempotency-Key`.
+/// #[idempotent(key = "order-create:{tenant}:{header:idempotency-key}", ttl = "24h")]
+/// async fn create_order(State(_state): State<AppState>, Json(order): Json<Value>) -> (StatusCode, Json<Value>) {
+///     (StatusCode::CREATED, Json(json!({ "order": order })))
+/// }
+///
+/// /// A payment platform's callback, re-pushed until it gets a 2xx: the
+/// /// payment number is the key, and any duplicate is replayed.
+/// #[idempotent(key = "pay-callback:{path:payment_no}", fingerprint = "none", in_flight = "wait(5s)")]
+/// async fn payment_callback(Path(payment_no): Path<String>) -> Json<Value> {
+///     Json(json!({ "payment_no": payment_no, "state": "PAID" }))
+/// }
+///
+/// let idem = Idempotency::builder(MemoryStore::new())
+///     .tenant(Resolver::header("x-tenant-id"))
+///     .build();
+/// let app: Router = Router::new()
+///     .route("/orders", post(create_order))
+///     .route("/payments/{payment_no}/callback", post(payment_callback))
+///     .with_state(AppState { idem });
+/// ```
+///
+/// # What it expands to
+///
+/// The function is kept as it is, renamed `__idem_create_order` and
+/// `#[doc(hidden)]`, and `create_order` becomes a unit struct (same
+/// visibility, `Clone + Copy`) implementing `axum::handler::Handler` for any
+/// router state `S` where `Idempotency: FromRef<S>` and the extractors work
+/// on `S`. Its `call` builds the route's policy on the first request (the
+/// template is parsed once, never per request) and answers through
+/// `IdempotencyLayer` around `__idem_create_order.with_state(state)`.
+/// Two consequences of the name becoming a unit struct: `create_order(...)`
+/// can no longer be called as a function (test it through the router), and
+/// `let create_order = ...` in the same scope is a pattern matching the
+/// struct, not a new binding: pick another name for the local.
+#[proc_macro_attribute]
+pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let original = proc_macro2::TokenStream::from(item.clone());
+    match expand::expand(attr.into(), item.into()) {
+        Ok(expanded) => expanded.into(),
+        // Keep the function as written, so a mistake in the attribute is
+        // the one error reported, not every use of the handler as well.
+        Err(err) => {
+            let mut tokens = err.into_compile_error();
+            tokens.extend(original);
+            tokens.into()
+        }
+    }
+}

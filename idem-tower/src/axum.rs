@@ -7,7 +7,10 @@ use http::request::Parts;
 use crate::Idempotency;
 
 pub(crate) fn matched_route(parts: &Parts) -> Option<&str> {
-    parts.extensions.get::<MatchedPath>().map(MatchedPath::as_str)
+    parts
+        .extensions
+        .get::<MatchedPath>()
+        .map(MatchedPath::as_str)
 }
 
 pub(crate) async fn path_params(parts: &mut Parts) -> Option<Vec<(String, String)>> {
@@ -26,8 +29,12 @@ pub(crate) async fn path_params(parts: &mut Parts) -> Option<Vec<(String, String
 /// use axum::{Router, extract::FromRef, routing::get};
 /// use idem_tower::{Idempotency, MemoryStore};
 ///
-/// #[derive(Clone, FromRef)]
+/// #[derive(Clone)]
 /// struct AppState { idem: Idempotency }
+///
+/// impl FromRef<AppState> for Idempotency {
+///     fn from_ref(state: &AppState) -> Self { state.idem.clone() }
+/// }
 ///
 /// async fn handler(idem: Idempotency) -> String { idem.key_header().to_string() }
 ///

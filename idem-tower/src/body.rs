@@ -105,7 +105,9 @@ impl<B: Body<Data = Bytes>> Body for ResponseBody<B> {
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Full { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+            Kind::Full { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
             Kind::Inner { inner } => inner.size_hint(),
             Kind::Prefixed { prefix, inner } => {
                 let extra = prefix.as_ref().map_or(0, |p| p.len() as u64);

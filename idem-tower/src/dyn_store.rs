@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use idem_core::transaction::TransactionalStore;
 use idem_core::{Claim, Error, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -31,6 +32,8 @@ pub(crate) trait DynStore: Send + Sync + 'static {
         key: &'a IdempotencyKey,
         owner: &'a OwnerToken,
     ) -> BoxFuture<'a, Result<(), Error>>;
+
+    fn transactional(&self) -> Option<&dyn TransactionalStore>;
 }
 
 impl<S: IdempotencyStore> DynStore for S {
@@ -50,7 +53,9 @@ impl<S: IdempotencyStore> DynStore for S {
         outcome: &'a Outcome,
         retention: Duration,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(IdempotencyStore::complete(self, key, owner, outcome, retention))
+        Box::pin(IdempotencyStore::complete(
+            self, key, owner, outcome, retention,
+        ))
     }
 
     fn release<'a>(
@@ -59,5 +64,9 @@ impl<S: IdempotencyStore> DynStore for S {
         owner: &'a OwnerToken,
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(IdempotencyStore::release(self, key, owner))
+    }
+
+    fn transactional(&self) -> Option<&dyn TransactionalStore> {
+        IdempotencyStore::transactional(self)
     }
 }

@@ -296,10 +296,16 @@ mod tests {
     #[test]
     fn outcome_policy_keeps_deterministic_answers_only() {
         for kept in [200, 201, 204, 303, 400, 404, 410, 422] {
-            assert!(keep_deterministic(StatusCode::from_u16(kept).unwrap()), "{kept}");
+            assert!(
+                keep_deterministic(StatusCode::from_u16(kept).unwrap()),
+                "{kept}"
+            );
         }
         for released in [401, 403, 408, 409, 423, 425, 429, 500, 502, 503, 504] {
-            assert!(!keep_deterministic(StatusCode::from_u16(released).unwrap()), "{released}");
+            assert!(
+                !keep_deterministic(StatusCode::from_u16(released).unwrap()),
+                "{released}"
+            );
         }
     }
 }

@@ -32,11 +32,44 @@
 //! `{method}`, `{route}`. A part that resolves to nothing is a 400 naming
 //! it, never a shorter key.
 //!
+//! # The `#[idempotent]` attribute
+//!
+//! With the `macros` feature, an axum handler can carry its key instead of
+//! its route carrying a layer. The route line stays `post(create_order)`;
+//! the router state gives the handle through `FromRef` (or is one).
+//!
+//! ```
+//! # #[cfg(feature = "macros")] mod example {
+//! use axum::{Json, Router, http::StatusCode, routing::post};
+//! use idem_tower::{Idempotency, MemoryStore, idempotent};
+//!
+//! #[idempotent(key = "order-create:{header:idempotency-key}", ttl = "24h")]
+//! async fn create_order(Json(order): Json<serde_json::Value>) -> (StatusCode, Json<serde_json::Value>) {
+//!     (StatusCode::CREATED, Json(order))
+//! }
+//!
+//! pub fn app() -> Router {
+//!     Router::new()
+//!         .route("/orders", post(create_order))
+//!         .with_state(Idempotency::new(MemoryStore::new()))
+//! }
+//! # }
+//! ```
+//!
+//! It expands to the same [`IdempotencyLayer`] around the handler, built
+//! once per handler; the key template and every other argument are checked
+//! at compile time. The attribute's own docs list its arguments.
+//!
 //! # Features
 //!
 //! - `memory` (default): [`MemoryStore`].
 //! - `axum`: matched routes and path parameters from axum, and the handle
 //!   as an extractor.
+//! - `macros`: the `#[idempotent]` attribute for axum handlers (implies
+//!   `axum`).
+//! - `postgres`, `mysql`, `sqlite`: the SQL stores ([`PgStore`],
+//!   [`MySqlStore`], [`SqliteStore`]) and, with `axum`, the [`Tx`] extractor
+//!   for transactional mode.
 //! - `test-util`: the store conformance suite.
 //!
 //! [tower]: https://docs.rs/tower
@@ -53,25 +86,57 @@ pub mod layer;
 mod problem;
 mod resolver;
 mod route;
+#[cfg(all(
+    feature = "axum",
+    any(feature = "postgres", feature = "mysql", feature = "sqlite")
+))]
+mod tx;
 
 pub use body::ResponseBody;
 pub use idempotency::{
     DEFAULT_LEASE, DEFAULT_MAX_BODY, DEFAULT_MAX_STORED_RESPONSE, DEFAULT_REPLAY_HEADERS,
     DEFAULT_RETENTION, Idempotency, IdempotencyBuilder, InFlight, KeepFn, keep_deterministic,
 };
-pub use layer::{IdempotencyLayer, IdempotencyService};
+pub use layer::{IdempotencyLayer, IdempotencyService, NotTransactional};
 pub use problem::Problem;
 pub use resolver::Resolver;
+#[cfg(all(
+    feature = "axum",
+    any(feature = "postgres", feature = "mysql", feature = "sqlite")
+))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(all(
+        feature = "axum",
+        any(feature = "postgres", feature = "mysql", feature = "sqlite")
+    )))
+)]
+pub use tx::{Tx, TxRejection};
 
+#[cfg(feature = "memory")]
+pub use idem_core::MemoryStore;
+#[cfg(feature = "mysql")]
+pub use idem_core::sql::MySqlStore;
+#[cfg(feature = "postgres")]
+pub use idem_core::sql::PgStore;
+#[cfg(feature = "sqlite")]
+pub use idem_core::sql::SqliteStore;
 pub use idem_core::{
     Error, ErrorKind, FingerprintSpec, IdempotencyStore, KeyError, KeyTemplate, Outcome,
     StoredResponse, TemplateError,
 };
-#[cfg(feature = "memory")]
-pub use idem_core::MemoryStore;
 
 /// The core crate, for store authors and lower-level use.
 pub use idem_core as core;
+
+#[cfg(feature = "macros")]
+#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
+pub use idem_macros::idempotent;
+
+#[cfg(feature = "macros")]
+#[doc(hidden)]
+#[path = "private.rs"]
+pub mod __private;
 
 /// The header set on replayed responses.
 pub const REPLAYED_HEADER: http::HeaderName = http::HeaderName::from_static("idempotent-replayed");

@@ -32,6 +32,9 @@ pub enum Problem {
     },
     /// 409: the first request completed but its response was too large to keep.
     NotReplayable,
+    /// 500: a handler asked for the claim's transaction on a route that
+    /// has none (a wiring mistake: see `IdempotencyLayer::transactional`).
+    TransactionMissing,
     /// 503: the store could not be reached; the handler was not called.
     StoreUnavailable {
         /// When to retry.
@@ -51,6 +54,7 @@ impl Problem {
             Self::InFlight { .. } => "urn:idem:problem:in-flight",
             Self::NotReplayable => "urn:idem:problem:not-replayable",
             Self::StoreUnavailable { .. } => "urn:idem:problem:store-unavailable",
+            Self::TransactionMissing => "urn:idem:problem:transaction-missing",
         }
     }
 
@@ -64,6 +68,7 @@ impl Problem {
             Self::FingerprintMismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Self::InFlight { .. } | Self::NotReplayable => StatusCode::CONFLICT,
             Self::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::TransactionMissing => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -77,6 +82,7 @@ impl Problem {
             Self::InFlight { .. } => "A request with this idempotency key is in progress",
             Self::NotReplayable => "The original response cannot be replayed",
             Self::StoreUnavailable { .. } => "Idempotency store unavailable",
+            Self::TransactionMissing => "No idempotency transaction on this route",
         }
     }
 
@@ -105,6 +111,11 @@ impl Problem {
             Self::StoreUnavailable { .. } => {
                 "duplicate detection is unavailable, so the request was not processed; \
                  retry with the same key"
+                    .into()
+            }
+            Self::TransactionMissing => {
+                "the handler takes the claim's transaction, but its route is not \
+                 transactional"
                     .into()
             }
         }
@@ -176,6 +187,7 @@ mod tests {
             Problem::StoreUnavailable {
                 retry_after: Duration::ZERO,
             },
+            Problem::TransactionMissing,
         ];
         let types: std::collections::HashSet<_> = all.iter().map(Problem::type_uri).collect();
         assert_eq!(types.len(), all.len());

@@ -39,7 +39,7 @@ pub struct RequestView<'a> {
     pub(crate) method: &'a Method,
     pub(crate) route: &'a str,
     pub(crate) headers: &'a HeaderMap,
-    path_params: &'a [(String, String)],
+    pub(crate) path_params: &'a [(String, String)],
     pub(crate) query: Option<&'a str>,
     pub(crate) body: &'a [u8],
     tenant: Option<&'a str>,
@@ -99,6 +99,16 @@ impl<'a> RequestView<'a> {
         self.json
             .get_or_init(|| serde_json::from_slice(self.body).ok())
             .as_ref()
+    }
+
+    /// Whether `placeholder` has a value in this request (valid or not).
+    /// A route with an optional key passes a request through only when none
+    /// of its client-supplied parts is present.
+    pub fn is_present(&self, placeholder: &Placeholder) -> bool {
+        !matches!(
+            self.resolve(placeholder),
+            Err(KeyError::Missing(_) | KeyError::BodyNotJson)
+        )
     }
 
     fn resolve(&self, placeholder: &Placeholder) -> Result<String, KeyError> {
@@ -372,6 +382,15 @@ mod tests {
                 "idempotency-key".parse().unwrap()
             )))
         );
+    }
+
+    #[test]
+    fn presence_is_told_apart_from_validity() {
+        let h = headers(&[("k", "has space")]);
+        let request = RequestView::new(&Method::POST, "/", &h);
+        assert!(request.is_present(&Placeholder::Header("k".parse().unwrap())));
+        assert!(!request.is_present(&Placeholder::Header("other".parse().unwrap())));
+        assert!(!request.is_present(&Placeholder::Body("/a".into())));
     }
 
     #[test]

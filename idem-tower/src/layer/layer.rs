@@ -18,6 +18,7 @@ pub(crate) struct Policy {
     pub(crate) retention: Option<Duration>,
     pub(crate) in_flight: Option<InFlight>,
     pub(crate) route: Option<RoutePattern>,
+    pub(crate) transactional: bool,
 }
 
 /// Makes the wrapped service idempotent: see the [module docs](crate::layer).
@@ -43,6 +44,7 @@ impl IdempotencyLayer {
                 retention: None,
                 in_flight: None,
                 route: None,
+                transactional: false,
             }),
         }
     }
@@ -92,6 +94,43 @@ impl IdempotencyLayer {
         self
     }
 }
+
+impl IdempotencyLayer {
+    /// Transactional mode: the claim row, the handler's writes (through the
+    /// `Tx` extractor) and the stored response commit in one database
+    /// transaction. A response the outcome policy does not keep, an error, a
+    /// panic or a cancelled request rolls all of it back, and so does a
+    /// crash: there is never a partial effect, and never a second one.
+    ///
+    /// A duplicate that arrives while the first transaction is open waits
+    /// for it (up to the store's lock timeout, then 409) and replays what it
+    /// committed; [`InFlight::Wait`] does not apply.
+    ///
+    /// Fails if the handle's store has no transactional mode (the SQL
+    /// stores have one).
+    pub fn transactional(mut self) -> Result<Self, NotTransactional> {
+        if self.idem.config.store.transactional().is_none() {
+            return Err(NotTransactional);
+        }
+        self.policy().transactional = true;
+        Ok(self)
+    }
+}
+
+/// The store behind the handle cannot run transactional mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotTransactional;
+
+impl std::fmt::Display for NotTransactional {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(
+            "transactional mode needs a store that runs in the database transaction \
+             (PgStore, MySqlStore or SqliteStore)",
+        )
+    }
+}
+
+impl std::error::Error for NotTransactional {}
 
 impl<S> Layer<S> for IdempotencyLayer {
     type Service = IdempotencyService<S>;

@@ -1,3 +1,4 @@
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -9,9 +10,10 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Request, Response, header};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use idem_core::transaction::{ClaimTransaction, TransactionalClaim};
 use idem_core::{
-    BoxError, Claim, ErrorKind, Fingerprint, IdempotencyKey, KeyError, Outcome, RequestView,
-    StoredResponse,
+    BoxError, Claim, ErrorKind, Fingerprint, IdempotencyKey, KeyError, Outcome, OwnerToken,
+    RequestView, StoredResponse,
 };
 use tower::Service;
 use tracing::Instrument;
@@ -89,6 +91,7 @@ where
     ReqBody: Body + From<Bytes>,
     ReqBody::Error: Into<BoxError>,
     ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Send,
 {
     let config = &layer.idem.config;
     let (mut parts, body) = request.into_parts();
@@ -107,34 +110,16 @@ where
     };
     tracing::Span::current().record("key", target.key.redacted());
 
+    if layer.policy.transactional {
+        return in_transaction(&layer, inner, parts, body, target).await;
+    }
     let claim = match claim(&layer, &target).await {
         Ok(claim) => claim,
-        Err(err) => {
-            tracing::error!(error = %err, "idempotency store unavailable; handler not called");
-            return Ok(Problem::StoreUnavailable {
-                retry_after: config.unavailable_retry_after,
-            }
-            .to_response());
-        }
+        Err(err) => return Ok(unavailable(&layer, &err)),
     };
-    let owner = match claim {
-        Claim::Acquired(owner) => owner,
-        Claim::Replay(Outcome::Response(stored)) => {
-            tracing::info!(status = stored.status().as_u16(), "replayed stored response");
-            return Ok(replay(stored));
-        }
-        Claim::Replay(Outcome::NotReplayable) => {
-            tracing::info!("completed without a replayable response");
-            return Ok(Problem::NotReplayable.to_response());
-        }
-        Claim::InFlight { retry_after } => {
-            tracing::info!(?retry_after, "duplicate of a request in flight");
-            return Ok(Problem::InFlight { retry_after }.to_response());
-        }
-        Claim::Mismatch => {
-            tracing::warn!("idempotency key reused with a different request");
-            return Ok(Problem::FingerprintMismatch.to_response());
-        }
+    let owner = match decide(claim) {
+        Decision::Run(owner) => owner,
+        Decision::Respond(response) => return Ok(response),
     };
     tracing::debug!("claimed; calling the service");
     let guard = ClaimGuard::new(config.store.clone(), target.key, owner);
@@ -144,7 +129,7 @@ where
         .catch_unwind()
         .await;
     match called {
-        Ok(Ok(response)) => Ok(finish(&layer, guard, response).await),
+        Ok(Ok(response)) => Ok(detached(settle(layer.clone(), guard, response)).await),
         Ok(Err(err)) => {
             guard.release("service error").await;
             Err(err)
@@ -152,6 +137,190 @@ where
         Err(panic) => {
             guard.release("panicked").await;
             std::panic::resume_unwind(panic)
+        }
+    }
+}
+
+/// Transactional mode: claim in a transaction, lend it to the handler, then
+/// commit the handler's writes with the outcome, or roll both back.
+async fn in_transaction<S, ReqBody, ResBody>(
+    layer: &IdempotencyLayer,
+    mut inner: S,
+    mut parts: Parts,
+    body: Bytes,
+    target: Target,
+) -> Answer<ResBody, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ReqBody: Body + From<Bytes>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Send,
+{
+    let config = &layer.idem.config;
+    let Some(store) = config.store.transactional() else {
+        // IdempotencyLayer::transactional checked this when it was built.
+        unreachable!("a transactional layer on a store without transactions");
+    };
+    let lease = layer.policy.lease.unwrap_or(config.lease);
+    let tx = match store
+        .claim_in_transaction(&target.key, &target.fingerprint, lease)
+        .await
+    {
+        Ok(TransactionalClaim::Acquired(tx)) => tx,
+        Ok(TransactionalClaim::Answered(claim)) => {
+            return Ok(match decide(claim) {
+                Decision::Respond(response) => response,
+                // The store broke its contract: Acquired comes with a transaction.
+                Decision::Run(_) => unavailable(layer, &ErrorKind::Config.into()),
+            });
+        }
+        Err(err) => return Ok(unavailable(layer, &err)),
+    };
+    tracing::debug!("claimed in a transaction; calling the service");
+    tx.attach(&mut parts.extensions);
+    let request = Request::from_parts(parts, ReqBody::from(body));
+    let called = AssertUnwindSafe(async { inner.call(request).await })
+        .catch_unwind()
+        .await;
+    let response = match called {
+        Ok(Ok(response)) => response,
+        Ok(Err(err)) => {
+            rollback(tx, "service error").await;
+            return Err(err);
+        }
+        Err(panic) => {
+            rollback(tx, "panicked").await;
+            std::panic::resume_unwind(panic)
+        }
+    };
+    Ok(detached(settle_transaction(layer.clone(), tx, response)).await)
+}
+
+/// Runs the work after the handler returned on its own task, so a client
+/// that disconnects now cannot cancel it: the handler's effect happened, and
+/// its outcome must be stored (or, on SQL, committed) whether or not anyone
+/// is still listening. Otherwise the claim would be released and a retry
+/// would run the effect again.
+async fn detached<B>(
+    settling: impl Future<Output = Response<ResponseBody<B>>> + Send + 'static,
+) -> Response<ResponseBody<B>>
+where
+    B: Body + Send + 'static,
+    B::Error: Send,
+{
+    match tokio::spawn(settling.in_current_span()).await {
+        Ok(response) => response,
+        Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+        // The runtime is shutting down: there is no one to answer.
+        Err(_) => Problem::StoreUnavailable {
+            retry_after: Duration::from_secs(1),
+        }
+        .to_response(),
+    }
+}
+
+/// Stores a final response, or releases the key for anything else.
+async fn settle<B>(
+    layer: IdempotencyLayer,
+    guard: ClaimGuard,
+    response: Response<B>,
+) -> Response<ResponseBody<B>>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Send,
+{
+    match classify(&layer, response).await {
+        Classified::Final(outcome, response) => {
+            complete(&layer, &guard, &outcome).await;
+            guard.defuse();
+            response
+        }
+        Classified::NotFinal(response) => {
+            guard.release("response not final").await;
+            response
+        }
+    }
+}
+
+/// Commits a final response with the handler's writes, or rolls both back.
+async fn settle_transaction<B>(
+    layer: IdempotencyLayer,
+    tx: Box<dyn ClaimTransaction>,
+    response: Response<B>,
+) -> Response<ResponseBody<B>>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Send,
+{
+    match classify(&layer, response).await {
+        Classified::Final(outcome, response) => {
+            let config = &layer.idem.config;
+            let retention = layer.policy.retention.unwrap_or(config.retention);
+            match tx.commit(&outcome, retention).await {
+                Ok(()) => {
+                    tracing::debug!("committed the handler's writes with the outcome");
+                    response
+                }
+                // Nothing committed: the handler's writes are gone too, so
+                // the client must not see its success.
+                Err(err) => unavailable(&layer, &err),
+            }
+        }
+        Classified::NotFinal(response) => {
+            rollback(tx, "response not final").await;
+            response
+        }
+    }
+}
+
+async fn rollback(tx: Box<dyn ClaimTransaction>, reason: &'static str) {
+    match tx.rollback().await {
+        Ok(()) => tracing::info!(reason, "rolled back the handler's writes and the claim"),
+        // The transaction ends with its connection either way.
+        Err(err) => tracing::warn!(reason, error = %err, "rollback failed"),
+    }
+}
+
+fn unavailable<B: Body>(
+    layer: &IdempotencyLayer,
+    err: &idem_core::Error,
+) -> Response<ResponseBody<B>> {
+    tracing::error!(error = %err, "idempotency store unavailable; handler not called or its writes not kept");
+    Problem::StoreUnavailable {
+        retry_after: layer.idem.config.unavailable_retry_after,
+    }
+    .to_response()
+}
+
+/// What to do with a claim's answer.
+enum Decision<B: Body> {
+    /// The key is ours: run the service.
+    Run(OwnerToken),
+    /// A duplicate: send this.
+    Respond(Response<ResponseBody<B>>),
+}
+
+fn decide<B: Body>(claim: Claim) -> Decision<B> {
+    match claim {
+        Claim::Acquired(owner) => Decision::Run(owner),
+        Claim::Replay(Outcome::Response(stored)) => {
+            tracing::info!(
+                status = stored.status().as_u16(),
+                "replayed stored response"
+            );
+            Decision::Respond(replay(stored))
+        }
+        Claim::Replay(Outcome::NotReplayable) => {
+            tracing::info!("completed without a replayable response");
+            Decision::Respond(Problem::NotReplayable.to_response())
+        }
+        Claim::InFlight { retry_after } => {
+            tracing::info!(?retry_after, "duplicate of a request in flight");
+            Decision::Respond(Problem::InFlight { retry_after }.to_response())
+        }
+        Claim::Mismatch => {
+            tracing::warn!("idempotency key reused with a different request");
+            Decision::Respond(Problem::FingerprintMismatch.to_response())
         }
     }
 }
@@ -198,13 +367,23 @@ async fn target(
         .user(user.as_deref());
     let key = match policy.template.evaluate(&view, &config.namespace) {
         Ok(key) => key,
-        Err(KeyError::Missing(p)) if !policy.required && p.is_client_supplied() => {
+        Err(KeyError::Missing(_)) if !policy.required && no_client_part(policy, &view) => {
             return Ok(None);
         }
         Err(err) => return Err(key_problem(err)),
     };
     let fingerprint = Fingerprint::of(&view, &policy.fingerprint).map_err(key_problem)?;
     Ok(Some(Target { key, fingerprint }))
+}
+
+/// Whether the request carries none of the key's client-supplied parts: the
+/// only case an optional key lets through undeduplicated.
+fn no_client_part(policy: &super::Policy, view: &RequestView<'_>) -> bool {
+    policy
+        .template
+        .placeholders()
+        .filter(|p| p.is_client_supplied())
+        .all(|p| !view.is_present(p))
 }
 
 fn key_problem(err: KeyError) -> Problem {
@@ -225,14 +404,9 @@ fn route_of(parts: &Parts, policy: &super::Policy) -> String {
     }
 }
 
+/// The matched route's parameters: they name the resource, so they feed the
+/// fingerprint even when the key does not read them.
 async fn path_params(parts: &mut Parts, policy: &super::Policy) -> Vec<(String, String)> {
-    let needs_params = policy
-        .template
-        .placeholders()
-        .any(|p| matches!(p, idem_core::Placeholder::Path(_)));
-    if !needs_params {
-        return Vec::new();
-    }
     #[cfg(feature = "axum")]
     if let Some(params) = crate::axum::path_params(parts).await {
         return params;
@@ -264,7 +438,10 @@ async fn claim(layer: &IdempotencyLayer, target: &Target) -> Result<Claim, idem_
         if left.is_zero() {
             return Ok(claim);
         }
-        let nap = pause.min(left).min(retry_after).max(Duration::from_millis(1));
+        let nap = pause
+            .min(left)
+            .min(retry_after)
+            .max(Duration::from_millis(1));
         tokio::time::sleep(nap).await;
         pause = (pause * 2).min(Duration::from_millis(250));
     }
@@ -309,21 +486,23 @@ async fn buffer_response<B: Body<Data = Bytes>>(body: B, cap: usize) -> Buffered
     Buffered::Whole(buf.freeze())
 }
 
-/// Classifies the handler's response, stores it or releases the key, and
-/// returns what the client gets.
-async fn finish<B>(
-    layer: &IdempotencyLayer,
-    guard: ClaimGuard,
-    response: Response<B>,
-) -> Response<ResponseBody<B>>
+/// A handler's response, sorted by the outcome policy.
+enum Classified<B: Body> {
+    /// Final: keep this outcome; send this response.
+    Final(Outcome, Response<ResponseBody<B>>),
+    /// Not final (5xx, 429, ...): release the key; send this response.
+    NotFinal(Response<ResponseBody<B>>),
+}
+
+/// Applies the outcome policy, buffering a final response for storage.
+async fn classify<B>(layer: &IdempotencyLayer, response: Response<B>) -> Classified<B>
 where
     B: Body<Data = Bytes> + Send + 'static,
 {
     let config = &layer.idem.config;
     let status = response.status();
     if !(config.keep)(status) {
-        guard.release("response not final").await;
-        return response.map(ResponseBody::inner);
+        return Classified::NotFinal(response.map(ResponseBody::inner));
     }
     let (parts, body) = response.into_parts();
     let (outcome, body) = match buffer_response(body, config.max_stored_response).await {
@@ -345,9 +524,7 @@ where
             (Outcome::NotReplayable, ResponseBody::failed(prefix, err))
         }
     };
-    complete(layer, &guard, &outcome).await;
-    guard.defuse();
-    Response::from_parts(parts, body)
+    Classified::Final(outcome, Response::from_parts(parts, body))
 }
 
 /// Stores the outcome. On failure the key stays claimed until its lease

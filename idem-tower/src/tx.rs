@@ -1,0 +1,96 @@
+//! The `Tx` extractor: the handler's share of a transactional claim.
+
+use std::ops::{Deref, DerefMut};
+
+use axum::extract::FromRequestParts;
+use axum::response::{IntoResponse, Response};
+use http::request::Parts;
+use idem_core::sql::sqlx::Database;
+use idem_core::sql::{TxLease, TxSlot};
+
+use crate::Problem;
+
+/// The database transaction the request's idempotency claim lives in, on a
+/// route with [`IdempotencyLayer::transactional`](crate::IdempotencyLayer::transactional).
+///
+/// Write through it and your writes commit together with the stored
+/// response, or not at all: the layer commits after the handler returns a
+/// final response, and rolls back on anything else. It dereferences to the
+/// connection, so it goes wherever sqlx takes an executor; it cannot commit
+/// or roll back by itself.
+///
+/// ```no_run
+/// use axum::{Json, http::StatusCode};
+/// use idem_tower::Tx;
+/// use idem_tower::core::sql::sqlx::{self, Postgres};
+///
+/// async fn create_order(mut tx: Tx<Postgres>, Json(sku): Json<String>) -> Result<StatusCode, StatusCode> {
+///     sqlx::query("INSERT INTO orders (sku) VALUES ($1)")
+///         .bind(sku)
+///         .execute(&mut *tx)
+///         .await
+///         .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+///     Ok(StatusCode::CREATED)
+/// }
+/// ```
+pub struct Tx<DB: Database> {
+    lease: TxLease<DB>,
+}
+
+impl<DB: Database> Deref for Tx<DB> {
+    type Target = DB::Connection;
+
+    fn deref(&self) -> &DB::Connection {
+        self.lease
+            .as_ref()
+            .expect("a Tx is only made from an open transaction")
+    }
+}
+
+impl<DB: Database> DerefMut for Tx<DB> {
+    fn deref_mut(&mut self) -> &mut DB::Connection {
+        self.lease
+            .as_mut()
+            .expect("a Tx is only made from an open transaction")
+    }
+}
+
+impl<DB: Database> std::fmt::Debug for Tx<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tx").finish_non_exhaustive()
+    }
+}
+
+/// Why a [`Tx`] could not be extracted: the route is not transactional (a
+/// wiring mistake), or the transaction was already finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxRejection;
+
+impl IntoResponse for TxRejection {
+    fn into_response(self) -> Response {
+        tracing::error!(
+            "Tx extractor used on a route without IdempotencyLayer::transactional() \
+             for this database"
+        );
+        let mut response: Response = Problem::TransactionMissing.to_response();
+        response.extensions_mut().insert(self);
+        response
+    }
+}
+
+impl<S: Send + Sync, DB: Database> FromRequestParts<S> for Tx<DB> {
+    type Rejection = TxRejection;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let slot = parts
+            .extensions
+            .get::<TxSlot<DB>>()
+            .cloned()
+            .ok_or(TxRejection)?;
+        let lease = slot.lease().await;
+        if lease.is_none() {
+            return Err(TxRejection);
+        }
+        Ok(Self { lease })
+    }
+}

@@ -1,0 +1,11 @@
+//! Compile-time behaviour of `#[idempotent]`: what compiles, and the error
+//! each mistake gets. Regenerate the snapshots with `TRYBUILD=overwrite`
+//! and read every changed `.stderr` before committing it.
+#![cfg(feature = "macros")]
+
+#[test]
+fn ui() {
+    let cases = trybuild::TestCases::new();
+    cases.pass("tests/ui/pass/*.rs");
+    cases.compile_fail("tests/ui/fail/*.rs");
+}

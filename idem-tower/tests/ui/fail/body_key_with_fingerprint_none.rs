@@ -1,0 +1,10 @@
+use axum::Json;
+use idem_tower::idempotent;
+use serde_json::Value;
+
+#[idempotent(key = "refund:{body:/refund_no}", fingerprint = "none")]
+async fn refund(Json(body): Json<Value>) -> Json<Value> {
+    Json(body)
+}
+
+fn main() {}
