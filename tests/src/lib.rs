@@ -1,5 +1,10 @@
-//! Test harness: the orders app driven over real loopback HTTP or through
-//! `oneshot`, with the same requests and the same assertions either way.
+//! Test harness: the orders app on any backend, driven over real loopback
+//! HTTP or through `oneshot`, with the same requests and the same assertions
+//! either way.
+//!
+//! Server URLs come from `IDEM_TEST_POSTGRES_URL` and `IDEM_TEST_MYSQL_URL`
+//! (defaults: the local services). Names (tenants, payment numbers) carry a
+//! per-harness nonce, since the SQL databases outlive a test run.
 
 use std::time::Duration;
 
@@ -8,6 +13,8 @@ use bytes::Bytes;
 use http::{HeaderMap, Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use idem_examples::orders::App;
+use idem_tower::IdempotencyBuilder;
+use idem_tower::core::conformance::{server_missing, server_url};
 use serde_json::Value;
 use tower::ServiceExt;
 
@@ -25,6 +32,65 @@ pub enum Transport {
     Oneshot(Router),
 }
 
+/// Where the app keeps its data and idempotency records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// `MemoryStore` and the in-memory database.
+    Memory,
+    /// A fresh SQLite file.
+    Sqlite,
+    /// PostgreSQL at `IDEM_TEST_POSTGRES_URL`.
+    Postgres,
+    /// MariaDB / MySQL at `IDEM_TEST_MYSQL_URL`.
+    MySql,
+}
+
+impl Backend {
+    /// The `--database` value for this backend, or `None` (after saying why,
+    /// or failing under `CI=true`) if its server cannot be reached.
+    pub async fn database_url(self) -> Option<String> {
+        let url = match self {
+            Self::Memory => return Some("memory".into()),
+            Self::Sqlite => {
+                let path = std::env::temp_dir().join(format!("idem-orders-{}.db", nonce()));
+                return Some(format!("sqlite://{}", path.display()));
+            }
+            Self::Postgres => server_url(
+                "IDEM_TEST_POSTGRES_URL",
+                "postgres://postgres@127.0.0.1:5432/test",
+            ),
+            Self::MySql => server_url("IDEM_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"),
+        };
+        let addr = url
+            .split('@')
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .unwrap_or("127.0.0.1");
+        match tokio::net::TcpStream::connect(addr).await {
+            Ok(_) => Some(url),
+            Err(err) => server_missing(&format!("{self:?}"), &url, err),
+        }
+    }
+}
+
+/// How a harness reaches its app.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// Loopback HTTP.
+    Http,
+    /// `oneshot` into the router.
+    Oneshot,
+}
+
+/// A random hex nonce.
+pub fn nonce() -> String {
+    use std::hash::{BuildHasher, RandomState};
+    format!(
+        "{:016x}",
+        RandomState::new().hash_one(std::time::SystemTime::now())
+    )
+}
+
 /// A running app and the way to talk to it.
 #[derive(Clone)]
 pub struct Harness {
@@ -32,6 +98,7 @@ pub struct Harness {
     pub app: App,
     /// How to reach it.
     pub transport: Transport,
+    run: String,
 }
 
 /// What came back.
@@ -124,16 +191,30 @@ pub fn order(tenant: &str, user: &str, key: &str, amount_cents: i64) -> Call {
 }
 
 impl Harness {
-    /// The in-memory orders app (chaos headers on), served on loopback.
-    pub async fn http() -> Self {
-        Self::serve(App::in_memory(true)).await
+    /// The orders app (chaos headers on) on `backend`, reached `via`;
+    /// `None` if the backend's server is not there (and not required).
+    pub async fn start(backend: Backend, via: Via) -> Option<Self> {
+        Self::start_with(backend, via, |builder| builder).await
     }
 
-    /// The in-memory orders app (chaos headers on), driven by `oneshot`.
-    pub fn oneshot() -> Self {
-        let app = App::in_memory(true);
-        let transport = Transport::Oneshot(app.router());
-        Self { app, transport }
+    /// [`Harness::start`] with the idempotency settings adjusted.
+    pub async fn start_with(
+        backend: Backend,
+        via: Via,
+        configure: impl FnOnce(IdempotencyBuilder) -> IdempotencyBuilder,
+    ) -> Option<Self> {
+        let url = backend.database_url().await?;
+        let app = App::connect_with(&url, true, configure)
+            .await
+            .unwrap_or_else(|err| panic!("the orders app on {url}: {err}"));
+        Some(match via {
+            Via::Http => Self::serve(app).await,
+            Via::Oneshot => Self {
+                transport: Transport::Oneshot(app.router()),
+                app,
+                run: nonce(),
+            },
+        })
     }
 
     /// Serves `app` on 127.0.0.1 on an ephemeral port, for the test's life.
@@ -151,7 +232,19 @@ impl Harness {
         Self {
             app,
             transport: Transport::Http { base, client },
+            run: nonce(),
         }
+    }
+
+    /// `name`, made unique to this harness.
+    pub fn unique(&self, name: &str) -> String {
+        format!("{name}-{}", self.run)
+    }
+
+    /// `POST /orders` for this harness's `tenant` (made unique), as `user`,
+    /// with client key `key`.
+    pub fn order(&self, tenant: &str, user: &str, key: &str, amount_cents: i64) -> Call {
+        order(&self.unique(tenant), user, key, amount_cents)
     }
 
     /// Sends `call` and reads the whole reply.
@@ -188,8 +281,10 @@ impl Harness {
         }
     }
 
-    /// A user's order count and balance, as `GET /orders` reports them.
+    /// A user's order count and balance, as `GET /orders` reports them
+    /// (`tenant` made unique, as [`Harness::order`] does).
     pub async fn account(&self, tenant: &str, user: &str) -> (u64, i64) {
+        let tenant = self.unique(tenant);
         let reply = self
             .send(Call::get(&format!("/orders?tenant={tenant}&user={user}")))
             .await;

@@ -13,9 +13,9 @@ struct Args {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:3000")]
     listen: SocketAddr,
-    /// Where data and idempotency records live. `memory` is the only
-    /// backend until the SQL stores land.
-    #[arg(long, default_value = "memory")]
+    /// Where data and idempotency records live: `memory`, `sqlite://PATH`,
+    /// `postgres://...` or `mysql://...`.
+    #[arg(long, default_value = "sqlite://idem-orders.db")]
     database: String,
     /// Honour the X-Chaos-Delay-Ms and X-Chaos-Fail request headers.
     #[arg(long)]
@@ -23,21 +23,14 @@ struct Args {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), idem_examples::orders::BoxError> {
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .init();
     let args = Args::parse();
-    if args.database != "memory" {
-        return Err(format!(
-            "unsupported --database {:?}: only `memory` is available",
-            args.database
-        )
-        .into());
-    }
-    let app = App::in_memory(args.chaos);
+    let app = App::connect(&args.database, args.chaos).await?;
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, database = %args.database, chaos = args.chaos, "orders listening on http://{addr}");

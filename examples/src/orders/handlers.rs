@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::db::TransitionError;
-use super::{App, UserId};
+use super::{App, NewOrder as OrderRow, UserId, Writer};
 
 /// The body of `POST /orders`.
 #[derive(Debug, Deserialize)]
@@ -29,10 +29,16 @@ fn chaos_header(headers: &HeaderMap, name: &str) -> Option<u64> {
     headers.get(name)?.to_str().ok()?.parse().ok()
 }
 
+fn internal(err: impl std::fmt::Display) -> Response {
+    tracing::error!(%err, "database error");
+    error(StatusCode::INTERNAL_SERVER_ERROR, "database error")
+}
+
 pub(crate) async fn create_order(
     State(app): State<App>,
     Extension(UserId(user)): Extension<UserId>,
     headers: HeaderMap,
+    mut writer: Writer,
     Json(order): Json<NewOrder>,
 ) -> Response {
     app.calls.orders.fetch_add(1, Ordering::SeqCst);
@@ -51,9 +57,18 @@ pub(crate) async fn create_order(
             "chaos: failing before any write",
         );
     }
-    let placed = app
-        .db
-        .place_order(tenant, &user, &order.sku, order.qty, order.amount_cents);
+    let row = OrderRow {
+        tenant,
+        user: &user,
+        sku: &order.sku,
+        qty: order.qty,
+        amount_cents: order.amount_cents,
+    };
+    let placed = match writer.place_order(&row).await {
+        Ok(placed) => placed,
+        // A 500 is not final: the layer rolls the transaction back.
+        Err(err) => return internal(err),
+    };
     if app.chaos
         && let Some(ms) = chaos_header(&headers, "x-chaos-delay-ms")
     {
@@ -75,7 +90,10 @@ pub(crate) struct Owner {
 }
 
 pub(crate) async fn list_orders(State(app): State<App>, Query(owner): Query<Owner>) -> Response {
-    let (orders, balance) = app.db.orders_of(&owner.tenant, &owner.user);
+    let (orders, balance) = match app.data.orders_of(&owner.tenant, &owner.user).await {
+        Ok(found) => found,
+        Err(err) => return internal(err),
+    };
     Json(json!({ "count": orders.len(), "balance_cents": balance, "orders": orders }))
         .into_response()
 }
@@ -87,11 +105,15 @@ pub(crate) struct NewPayment {
 }
 
 pub(crate) async fn create_payment(State(app): State<App>, Json(p): Json<NewPayment>) -> Response {
-    if !app.db.create_payment(&p.payment_no, p.amount_cents) {
-        return error(StatusCode::CONFLICT, "payment_no already exists");
+    match app.data.create_payment(&p.payment_no, p.amount_cents).await {
+        Ok(true) => {}
+        Ok(false) => return error(StatusCode::CONFLICT, "payment_no already exists"),
+        Err(err) => return internal(err),
     }
-    let payment = app.db.payment(&p.payment_no);
-    (StatusCode::CREATED, Json(payment)).into_response()
+    match app.data.payment(&p.payment_no).await {
+        Ok(payment) => (StatusCode::CREATED, Json(payment)).into_response(),
+        Err(err) => internal(err),
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -112,13 +134,14 @@ pub(crate) async fn payment_callback(
             "only PAID callbacks are supported",
         );
     }
-    match app.db.mark_paid(&payment_no, callback.amount_cents) {
-        Ok(payment) => Json(payment).into_response(),
-        Err(TransitionError::NotFound) => error(StatusCode::NOT_FOUND, "no such payment"),
-        Err(TransitionError::AmountMismatch) => error(
+    match app.data.mark_paid(&payment_no, callback.amount_cents).await {
+        Ok(Ok(payment)) => Json(payment).into_response(),
+        Ok(Err(TransitionError::NotFound)) => error(StatusCode::NOT_FOUND, "no such payment"),
+        Ok(Err(TransitionError::AmountMismatch)) => error(
             StatusCode::UNPROCESSABLE_ENTITY,
             "amount does not match the payment",
         ),
+        Err(err) => internal(err),
     }
 }
 
@@ -126,9 +149,10 @@ pub(crate) async fn get_payment(
     State(app): State<App>,
     Path(payment_no): Path<String>,
 ) -> Response {
-    match app.db.payment(&payment_no) {
-        Some(payment) => Json(payment).into_response(),
-        None => error(StatusCode::NOT_FOUND, "no such payment"),
+    match app.data.payment(&payment_no).await {
+        Ok(Some(payment)) => Json(payment).into_response(),
+        Ok(None) => error(StatusCode::NOT_FOUND, "no such payment"),
+        Err(err) => internal(err),
     }
 }
 

@@ -10,8 +10,10 @@
 //! # }
 //! ```
 
+mod data;
 mod db;
 mod handlers;
+mod sql;
 
 use std::fmt;
 use std::sync::Arc;
@@ -23,9 +25,16 @@ use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use idem_tower::{Idempotency, MemoryStore, Resolver};
+use idem_tower::{
+    Idempotency, IdempotencyBuilder, MemoryStore, MySqlStore, PgStore, Resolver, SqliteStore,
+};
 
+pub use data::{Data, Writer};
 pub use db::{Db, Order, Payment, PaymentState, STARTING_BALANCE_CENTS};
+pub use sql::{NewOrder, OrdersSql};
+
+/// Anything that went wrong starting the app.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The key of `POST /orders`: one order per client key, per user, per tenant.
 pub const ORDER_KEY: &str = "order-create:{tenant}:{user}:{header:idempotency-key}";
@@ -63,11 +72,11 @@ impl Calls {
     }
 }
 
-/// The app: its database, its idempotency handle and its counters.
+/// The app: its data, its idempotency handle and its counters.
 #[derive(Clone)]
 pub struct App {
-    /// The data.
-    pub db: Arc<Db>,
+    /// The data, and on SQL the idempotency records too.
+    pub data: Data,
     /// Idempotency for the write routes.
     pub idem: Idempotency,
     /// Handler invocation counts.
@@ -79,18 +88,53 @@ pub struct App {
 impl App {
     /// The app on the in-memory database and store.
     pub fn in_memory(chaos: bool) -> Self {
-        Self::new(Idempotency::builder(MemoryStore::new()), chaos)
+        let data = Data::Memory(Arc::default());
+        Self::assemble(data, Idempotency::builder(MemoryStore::new()), chaos)
     }
 
-    /// The app with idempotency built from `builder`, which gets the app's
-    /// tenant and user resolvers added.
-    pub fn new(builder: idem_tower::IdempotencyBuilder, chaos: bool) -> Self {
+    /// The app on `database` (`memory`, `sqlite://PATH`, `postgres://...` or
+    /// `mysql://...`), its tables and the idempotency records created there
+    /// if missing.
+    pub async fn connect(database: &str, chaos: bool) -> Result<Self, BoxError> {
+        Self::connect_with(database, chaos, |builder| builder).await
+    }
+
+    /// [`App::connect`], with the idempotency handle's settings adjusted by
+    /// `configure` (tests shorten the lease, cap the body, ...).
+    pub async fn connect_with(
+        database: &str,
+        chaos: bool,
+        configure: impl FnOnce(IdempotencyBuilder) -> IdempotencyBuilder,
+    ) -> Result<Self, BoxError> {
+        let data = Data::connect(database).await?;
+        let builder = match &data {
+            Data::Memory(_) => Idempotency::builder(MemoryStore::new()),
+            Data::Postgres(pool) => {
+                let store = PgStore::new(pool.clone());
+                store.migrate().await?;
+                Idempotency::builder(store)
+            }
+            Data::MySql(pool) => {
+                let store = MySqlStore::new(pool.clone());
+                store.migrate().await?;
+                Idempotency::builder(store)
+            }
+            Data::Sqlite(pool) => {
+                let store = SqliteStore::new(pool.clone());
+                store.migrate().await?;
+                Idempotency::builder(store)
+            }
+        };
+        Ok(Self::assemble(data, configure(builder), chaos))
+    }
+
+    fn assemble(data: Data, builder: IdempotencyBuilder, chaos: bool) -> Self {
         let idem = builder
             .tenant(Resolver::header("x-tenant-id"))
             .user(Resolver::extension::<UserId>())
             .build();
         Self {
-            db: Arc::default(),
+            data,
             idem,
             calls: Arc::default(),
             chaos,
@@ -103,6 +147,14 @@ impl App {
             .idem
             .layer_with_key(ORDER_KEY)
             .expect("ORDER_KEY is a valid template");
+        // On SQL the order, the debit and the stored response commit in one
+        // transaction; the memory database has none to offer.
+        let order_layer = match self.data {
+            Data::Memory(_) => order_layer,
+            _ => order_layer
+                .transactional()
+                .expect("the SQL stores are transactional"),
+        };
         let callback_layer = self
             .idem
             .layer_with_key(CALLBACK_KEY)

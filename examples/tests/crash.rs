@@ -1,0 +1,190 @@
+//! kill -9 during a transactional `POST /orders`: the orders process dies
+//! while its handler sits between its business writes and its answer. After
+//! a restart there is no partial effect (no order, no debit), and a retry
+//! with the same key runs exactly once.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use idem_tower::core::conformance::{server_missing, server_url};
+use serde_json::{Value, json};
+
+const STARTING_BALANCE: i64 = 100_000;
+const PRICE: i64 = 2_500;
+
+/// An `orders` process on a loopback port.
+struct Orders {
+    child: Child,
+    base: String,
+}
+
+impl Orders {
+    fn start(database: &str) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_orders"))
+            .args(["--listen", "127.0.0.1:0", "--database", database, "--chaos"])
+            .env("RUST_LOG", "warn")
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the orders binary");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            // Keep reading so the child never blocks on a full pipe.
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(addr) = line.strip_prefix("orders listening on ") {
+                    let _ = tx.send(addr.to_owned());
+                }
+            }
+        });
+        let base = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("orders printed where it listens");
+        Self { child, base }
+    }
+
+    /// SIGKILL: no destructor, no rollback, no goodbye.
+    fn kill_9(mut self) {
+        self.child.kill().expect("kill -9");
+        self.child.wait().expect("reap");
+    }
+}
+
+impl Drop for Orders {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client")
+}
+
+fn order(base: &str, tenant: &str, delay_ms: Option<u64>) -> reqwest::RequestBuilder {
+    let mut request = client()
+        .post(format!("{base}/orders"))
+        .header("idempotency-key", "crash-key")
+        .header("x-tenant-id", tenant)
+        .header("authorization", "Bearer crash-user")
+        .json(&json!({"sku": "book", "qty": 1, "amount_cents": PRICE}));
+    if let Some(ms) = delay_ms {
+        request = request.header("x-chaos-delay-ms", ms.to_string());
+    }
+    request
+}
+
+async fn account(base: &str, tenant: &str) -> (u64, i64) {
+    let json: Value = client()
+        .get(format!("{base}/orders?tenant={tenant}&user=crash-user"))
+        .send()
+        .await
+        .expect("GET /orders")
+        .json()
+        .await
+        .expect("JSON");
+    (
+        json["count"].as_u64().unwrap(),
+        json["balance_cents"].as_i64().unwrap(),
+    )
+}
+
+async fn handler_calls(base: &str) -> u64 {
+    let text = client()
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("text");
+    text.lines()
+        .find_map(|l| l.strip_prefix("orders_handler_calls_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the counter")
+}
+
+async fn kill_mid_handler_then_retry_once(database: &str) {
+    let tenant = format!(
+        "crash-{:x}",
+        std::process::id() as u64 * 1_000_003 + rand_suffix()
+    );
+    let first = Orders::start(database);
+    let base = first.base.clone();
+    let doomed = tokio::spawn({
+        let (base, tenant) = (base.clone(), tenant.clone());
+        async move { order(&base, &tenant, Some(60_000)).send().await }
+    });
+    // Inside the handler: it counts itself, then writes, then sleeps.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while handler_calls(&base).await == 0 {
+        assert!(Instant::now() < deadline, "the handler never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    first.kill_9();
+    assert!(
+        doomed.await.unwrap().is_err(),
+        "the client saw the connection die"
+    );
+
+    let second = Orders::start(database);
+    assert_eq!(
+        account(&second.base, &tenant).await,
+        (0, STARTING_BALANCE),
+        "no partial effect survives the crash"
+    );
+    let retry = order(&second.base, &tenant, None).send().await.unwrap();
+    assert_eq!(retry.status(), 201);
+    assert!(retry.headers().get("idempotent-replayed").is_none());
+    let again = order(&second.base, &tenant, None).send().await.unwrap();
+    assert_eq!(again.status(), 201);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(handler_calls(&second.base).await, 1);
+    assert_eq!(
+        account(&second.base, &tenant).await,
+        (1, STARTING_BALANCE - PRICE),
+        "exactly one effect"
+    );
+}
+
+fn rand_suffix() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(Instant::now())
+}
+
+async fn reachable(what: &str, url: &str, addr: &str) -> bool {
+    match tokio::net::TcpStream::connect(addr).await {
+        Ok(_) => true,
+        Err(err) => server_missing::<()>(what, url, err).is_some(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_crash_mid_handler_leaves_no_partial_effect() {
+    let path = std::env::temp_dir().join(format!("idem-crash-{:x}.db", rand_suffix()));
+    kill_mid_handler_then_retry_once(&format!("sqlite://{}", path.display())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_crash_mid_handler_leaves_no_partial_effect() {
+    let url = server_url(
+        "IDEM_TEST_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    );
+    if reachable("PostgreSQL", &url, "127.0.0.1:5432").await {
+        kill_mid_handler_then_retry_once(&url).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_crash_mid_handler_leaves_no_partial_effect() {
+    let url = server_url("IDEM_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+    if reachable("MySQL/MariaDB", &url, "127.0.0.1:3306").await {
+        kill_mid_handler_then_retry_once(&url).await;
+    }
+}
