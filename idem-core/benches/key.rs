@@ -7,7 +7,7 @@ use http::{HeaderMap, Method};
 use idem_core::{Fingerprint, FingerprintSpec, KeyTemplate, RequestView};
 
 fn body_1kib() -> Vec<u8> {
-    let items: Vec<String> = (0..24)
+    let items: Vec<String> = (0..36)
         .map(|i| format!(r#"{{"sku":"SKU-{i:04}","qty":{i}}}"#))
         .collect();
     let body = format!(
