@@ -14,13 +14,14 @@ use syn::punctuated::Punctuated;
 use syn::{Ident, Lit, LitBool, LitStr, Token, bracketed};
 
 /// The arguments, in the order the docs list them.
-const ARGUMENTS: [&str; 6] = [
+const ARGUMENTS: [&str; 7] = [
     "key",
     "ttl",
     "lease",
     "required",
     "in_flight",
     "fingerprint",
+    "transactional",
 ];
 
 /// `#[idempotent(...)]`, parsed and checked.
@@ -31,6 +32,7 @@ pub(crate) struct Args {
     pub(crate) required: Option<bool>,
     pub(crate) in_flight: Option<InFlight>,
     pub(crate) fingerprint: Option<Fingerprint>,
+    pub(crate) transactional: bool,
 }
 
 /// The key template as written, and as parsed.
@@ -71,6 +73,7 @@ struct RawArgs {
     required: Option<bool>,
     in_flight: Option<InFlight>,
     fingerprint: Option<(Fingerprint, Span)>,
+    transactional: Option<bool>,
 }
 
 impl RawArgs {
@@ -106,7 +109,7 @@ impl RawArgs {
                 )
             }
             "required" => {
-                let value = bool_value(&meta, &ident)?;
+                let value = bool_value(&meta, &ident, "required = false")?;
                 set(&mut self.required, &ident, value.value)
             }
             "in_flight" => {
@@ -116,6 +119,15 @@ impl RawArgs {
             "fingerprint" => {
                 let value = fingerprint_value(&meta, &ident)?;
                 set(&mut self.fingerprint, &ident, value)
+            }
+            "transactional" => {
+                // A bare `transactional` means `transactional = true`.
+                let value = if meta.input.peek(Token![=]) {
+                    bool_value(&meta, &ident, "transactional (or transactional = true)")?.value
+                } else {
+                    true
+                };
+                set(&mut self.transactional, &ident, value)
             }
             _ => Err(syn::Error::new(ident.span(), unknown_argument(&name))),
         }
@@ -157,6 +169,7 @@ impl RawArgs {
             required: self.required,
             in_flight: self.in_flight,
             fingerprint,
+            transactional: self.transactional.unwrap_or(false),
         })
     }
 }
@@ -233,13 +246,13 @@ fn string_value(meta: &ParseNestedMeta<'_>, ident: &Ident, example: &str) -> syn
 }
 
 /// The value of `required = true|false`.
-fn bool_value(meta: &ParseNestedMeta<'_>, ident: &Ident) -> syn::Result<LitBool> {
-    let input = value_of(meta, ident, "required = false")?;
+fn bool_value(meta: &ParseNestedMeta<'_>, ident: &Ident, example: &str) -> syn::Result<LitBool> {
+    let input = value_of(meta, ident, example)?;
     match input.parse::<Lit>()? {
         Lit::Bool(lit) => Ok(lit),
         other => Err(syn::Error::new(
             other.span(),
-            "`required` takes `true` or `false`: write required = false",
+            format!("`{ident}` takes `true` or `false`: write {example}"),
         )),
     }
 }

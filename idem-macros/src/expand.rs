@@ -195,6 +195,11 @@ fn generate(args: &Args, function: &ItemFn) -> TokenStream {
         settings.extend(quote_spanned!(span=> .fingerprint(#spec)));
     }
 
+    let mut layer = quote_spanned!(span=> #p::layer_with_key(idem, #key) #settings);
+    if args.transactional {
+        layer = quote_spanned!(span=> #p::transactional(#layer));
+    }
+
     let mut inner = function.clone();
     inner.sig.ident = hidden.clone();
 
@@ -220,7 +225,7 @@ fn generate(args: &Args, function: &ItemFn) -> TokenStream {
                 static POLICY: #p::PolicyCell = #p::PolicyCell::new();
                 #p::call::<_, #tuple, __IdemS>(
                     &POLICY,
-                    |idem| #p::layer_with_key(idem, #key) #settings,
+                    |idem| #layer,
                     #hidden,
                     request,
                     state,

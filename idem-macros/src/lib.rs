@@ -44,6 +44,13 @@ use proc_macro::TokenStream;
 ///   covers method and route only; a list covers method, route, query and
 ///   just those body fields, for bodies with volatile fields such as a
 ///   client timestamp.
+/// - `transactional`: transactional mode
+///   (`IdempotencyLayer::transactional`): the claim, the handler's writes
+///   through a `Tx<DB>` extractor and the stored response commit in one
+///   database transaction, or none of them does. The handle's store must be
+///   a SQL store; on any other, requests to the handler get a 500
+///   `transaction-missing` problem (and an error log) rather than running
+///   without the guarantee.
 ///
 /// Durations are written with a unit: `"30s"`, `"10m"`, `"24h"`, `"7days"`,
 /// `"1h 30m"`.

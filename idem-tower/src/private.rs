@@ -92,6 +92,13 @@ pub fn layer_with_key(idem: &Idempotency, template: &str) -> IdempotencyLayer {
         .unwrap_or_else(|err| unreachable!("#[idempotent] checked this template: {err}"))
 }
 
+/// Marks the layer transactional. Whether the handle's store can run
+/// transactions is known only per handle, so [`call`] checks it per request.
+pub fn transactional(mut layer: IdempotencyLayer) -> IdempotencyLayer {
+    Arc::make_mut(&mut layer.policy).transactional = true;
+    layer
+}
+
 /// `FingerprintSpec::JsonFields` from the pointers the macro checked.
 pub fn json_fields(pointers: &[&str]) -> FingerprintSpec {
     FingerprintSpec::JsonFields(pointers.iter().map(|&p| p.to_owned()).collect())
@@ -113,6 +120,15 @@ where
     S: StateWithHandle,
 {
     let layer = policy.layer(state.idempotency(), build);
+    if layer.policy.transactional && layer.idem.config.store.transactional().is_none() {
+        tracing::error!(
+            "#[idempotent(transactional)] handler on a store without transactions: \
+             use PgStore, MySqlStore or SqliteStore"
+        );
+        return Box::pin(std::future::ready(
+            crate::Problem::TransactionMissing.to_response(),
+        ));
+    }
     let mut service = layer.layer(handler.with_state(state));
     Box::pin(async move {
         let ready = std::future::poll_fn(|cx| Service::<Request>::poll_ready(&mut service, cx));

@@ -32,8 +32,9 @@ pub enum Problem {
     },
     /// 409: the first request completed but its response was too large to keep.
     NotReplayable,
-    /// 500: a handler asked for the claim's transaction on a route that
-    /// has none (a wiring mistake: see `IdempotencyLayer::transactional`).
+    /// 500: a handler needs the claim's transaction and there is none: the
+    /// route is not transactional, or its store cannot run transactions (a
+    /// wiring mistake: see `IdempotencyLayer::transactional`).
     TransactionMissing,
     /// 503: the store could not be reached; the handler was not called.
     StoreUnavailable {
@@ -114,8 +115,8 @@ impl Problem {
                     .into()
             }
             Self::TransactionMissing => {
-                "the handler takes the claim's transaction, but its route is not \
-                 transactional"
+                "the handler needs the claim's database transaction, and there is \
+                 none: its route is not transactional, or its store has no transactions"
                     .into()
             }
         }

@@ -159,6 +159,13 @@ async fn transfer(State(calls): State<Calls>, Json(body): Json<Value>) -> Json<V
     Json(json!({ "amount": body["amount"] }))
 }
 
+/// Transactional on a handle whose store has no transactions: must refuse.
+#[idempotent(key = "ledger:{header:idempotency-key}", transactional)]
+async fn ledger_entry(State(calls): State<Calls>) -> StatusCode {
+    calls.run();
+    StatusCode::CREATED
+}
+
 /// Not idempotent: a plain handler next to the annotated ones.
 async fn count(State(calls): State<Calls>) -> String {
     format!("run {}", calls.run())
@@ -219,6 +226,7 @@ fn app(state: AppState) -> Router {
         .route("/slow-rejected", post(slow_rejected))
         .route("/search", post(search))
         .route("/transfers", post(transfer))
+        .route("/ledger", post(ledger_entry))
         .merge(payments::routes())
         .with_state(state)
 }
@@ -634,4 +642,16 @@ async fn the_handle_itself_can_be_the_router_state() {
     let first = send(&app, keyed("/ping", "p-1")).await;
     assert_eq!(first.text(), "idempotency-key");
     assert!(send(&app, keyed("/ping", "p-1")).await.replayed());
+}
+
+#[tokio::test]
+async fn transactional_handler_on_a_store_without_transactions_refuses_to_run() {
+    let state = state();
+    let app = app(state.clone());
+    for _ in 0..2 {
+        let reply = send(&app, keyed("/ledger", "l-1")).await;
+        assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(reply.json()["type"], "urn:idem:problem:transaction-missing");
+    }
+    assert_eq!(state.calls.get(), 0, "never run without its transaction");
 }

@@ -12,7 +12,7 @@ use axum::Router;
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, StatusCode};
 use http_body_util::BodyExt;
-use idem_examples::orders::App;
+use idem_examples::orders::{App, Wiring};
 use idem_tower::IdempotencyBuilder;
 use idem_tower::core::conformance::{server_missing, server_url};
 use serde_json::Value;
@@ -191,16 +191,19 @@ pub fn order(tenant: &str, user: &str, key: &str, amount_cents: i64) -> Call {
 }
 
 impl Harness {
-    /// The orders app (chaos headers on) on `backend`, reached `via`;
-    /// `None` if the backend's server is not there (and not required).
+    /// The orders app (chaos headers on, `#[idempotent]` handlers) on
+    /// `backend`, reached `via`; `None` if the backend's server is not there
+    /// (and not required).
     pub async fn start(backend: Backend, via: Via) -> Option<Self> {
-        Self::start_with(backend, via, |builder| builder).await
+        Self::start_with(backend, via, Wiring::Attribute, |builder| builder).await
     }
 
-    /// [`Harness::start`] with the idempotency settings adjusted.
+    /// [`Harness::start`] with the routes wired as asked and the idempotency
+    /// settings adjusted.
     pub async fn start_with(
         backend: Backend,
         via: Via,
+        wiring: Wiring,
         configure: impl FnOnce(IdempotencyBuilder) -> IdempotencyBuilder,
     ) -> Option<Self> {
         let url = backend.database_url().await?;
@@ -208,9 +211,9 @@ impl Harness {
             .await
             .unwrap_or_else(|err| panic!("the orders app on {url}: {err}"));
         Some(match via {
-            Via::Http => Self::serve(app).await,
+            Via::Http => Self::serve_wired(app, wiring).await,
             Via::Oneshot => Self {
-                transport: Transport::Oneshot(app.router()),
+                transport: Transport::Oneshot(app.router_with(wiring)),
                 app,
                 run: nonce(),
             },
@@ -219,11 +222,15 @@ impl Harness {
 
     /// Serves `app` on 127.0.0.1 on an ephemeral port, for the test's life.
     pub async fn serve(app: App) -> Self {
+        Self::serve_wired(app, Wiring::Attribute).await
+    }
+
+    async fn serve_wired(app: App, wiring: Wiring) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind 127.0.0.1:0");
         let base = format!("http://{}", listener.local_addr().expect("local addr"));
-        let router = app.router();
+        let router = app.router_with(wiring);
         tokio::spawn(async move { axum::serve(listener, router).await });
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(30))

@@ -6,30 +6,38 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
-use idem_examples::orders::STARTING_BALANCE_CENTS;
+use idem_examples::orders::{STARTING_BALANCE_CENTS, Wiring};
 use idem_tests::{Backend, Call, Harness, Via};
 use serde_json::json;
 use tokio::sync::Barrier;
 
-/// Runs each listed case on every backend: the memory store both over HTTP
-/// and through `oneshot`, and each SQL database (transactional mode) over
-/// HTTP.
+/// Runs each listed case on every backend (the memory store both over HTTP
+/// and through `oneshot`, each SQL database in transactional mode over
+/// HTTP), once with `#[idempotent]` handlers and once with hand-built
+/// layers, so the two paths cannot drift apart.
 macro_rules! on_every_backend {
     ($($case:ident),* $(,)?) => {
-        on_every_backend!(@module memory_over_http, Memory, Http; $($case),*);
-        on_every_backend!(@module memory_over_oneshot, Memory, Oneshot; $($case),*);
-        on_every_backend!(@module sqlite_over_http, Sqlite, Http; $($case),*);
-        on_every_backend!(@module postgres_over_http, Postgres, Http; $($case),*);
-        on_every_backend!(@module mysql_over_http, MySql, Http; $($case),*);
+        on_every_backend!(@module memory_attribute_http, Memory, Http, Attribute; $($case),*);
+        on_every_backend!(@module memory_attribute_oneshot, Memory, Oneshot, Attribute; $($case),*);
+        on_every_backend!(@module memory_layer_http, Memory, Http, Layer; $($case),*);
+        on_every_backend!(@module memory_layer_oneshot, Memory, Oneshot, Layer; $($case),*);
+        on_every_backend!(@module sqlite_attribute_http, Sqlite, Http, Attribute; $($case),*);
+        on_every_backend!(@module sqlite_layer_http, Sqlite, Http, Layer; $($case),*);
+        on_every_backend!(@module postgres_attribute_http, Postgres, Http, Attribute; $($case),*);
+        on_every_backend!(@module postgres_layer_http, Postgres, Http, Layer; $($case),*);
+        on_every_backend!(@module mysql_attribute_http, MySql, Http, Attribute; $($case),*);
+        on_every_backend!(@module mysql_layer_http, MySql, Http, Layer; $($case),*);
     };
-    (@module $module:ident, $backend:ident, $via:ident; $($case:ident),*) => {
+    (@module $module:ident, $backend:ident, $via:ident, $wiring:ident; $($case:ident),*) => {
         mod $module {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $case() {
-                    let harness = idem_tests::Harness::start(
+                    let harness = idem_tests::Harness::start_with(
                         idem_tests::Backend::$backend,
                         idem_tests::Via::$via,
+                        idem_examples::orders::Wiring::$wiring,
+                        |builder| builder,
                     )
                     .await;
                     if let Some(harness) = harness {
@@ -343,9 +351,11 @@ async fn concurrent_payment_callbacks_credit_once(h: Harness) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn body_over_the_cap_is_413_and_claims_nothing() {
-    let h = Harness::start_with(Backend::Memory, Via::Http, |b| b.max_body(1024))
-        .await
-        .expect("the memory backend is always there");
+    let h = Harness::start_with(Backend::Memory, Via::Http, Wiring::Attribute, |b| {
+        b.max_body(1024)
+    })
+    .await
+    .expect("the memory backend is always there");
     let big = json!({"sku": "x".repeat(4096), "qty": 1, "amount_cents": 5});
     let reply = h
         .send(h.order("acme", "max", "big", 5).raw_body(big.to_string()))

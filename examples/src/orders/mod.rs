@@ -10,6 +10,7 @@
 //! # }
 //! ```
 
+mod annotated;
 mod data;
 mod db;
 mod handlers;
@@ -20,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::Router;
-use axum::extract::Request;
+use axum::extract::{FromRef, Request};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -35,6 +36,16 @@ pub use sql::{NewOrder, OrdersSql};
 
 /// Anything that went wrong starting the app.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How the idempotent routes are wired; both answer the same contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Wiring {
+    /// `#[idempotent]` handlers (the default).
+    #[default]
+    Attribute,
+    /// Plain handlers behind `IdempotencyLayer`s built by hand.
+    Layer,
+}
 
 /// The key of `POST /orders`: one order per client key, per user, per tenant.
 pub const ORDER_KEY: &str = "order-create:{tenant}:{user}:{header:idempotency-key}";
@@ -141,40 +152,63 @@ impl App {
         }
     }
 
-    /// The routes.
+    /// The routes, with `#[idempotent]` handlers.
     pub fn router(&self) -> Router {
-        let order_layer = self
-            .idem
-            .layer_with_key(ORDER_KEY)
-            .expect("ORDER_KEY is a valid template");
-        // On SQL the order, the debit and the stored response commit in one
-        // transaction; the memory database has none to offer.
-        let order_layer = match self.data {
-            Data::Memory(_) => order_layer,
-            _ => order_layer
-                .transactional()
-                .expect("the SQL stores are transactional"),
+        self.router_with(Wiring::Attribute)
+    }
+
+    /// The routes, wired as asked.
+    pub fn router_with(&self, wiring: Wiring) -> Router {
+        let (create_order, callback) = match wiring {
+            Wiring::Attribute => {
+                let create_order = match self.data {
+                    Data::Memory(_) => post(annotated::create_order_in_memory),
+                    _ => post(annotated::create_order),
+                };
+                (create_order, post(annotated::payment_callback))
+            }
+            Wiring::Layer => (
+                post(handlers::create_order).layer(self.order_layer()),
+                post(handlers::payment_callback).layer(
+                    self.idem
+                        .layer_with_key(CALLBACK_KEY)
+                        .expect("CALLBACK_KEY is a valid template"),
+                ),
+            ),
         };
-        let callback_layer = self
-            .idem
-            .layer_with_key(CALLBACK_KEY)
-            .expect("CALLBACK_KEY is a valid template");
         Router::new()
             .route(
                 "/orders",
-                post(handlers::create_order)
-                    .layer(order_layer)
+                create_order
                     .layer(middleware::from_fn(demo_auth))
                     .get(handlers::list_orders),
             )
             .route("/payments", post(handlers::create_payment))
-            .route(
-                "/payments/{payment_no}/callback",
-                post(handlers::payment_callback).layer(callback_layer),
-            )
+            .route("/payments/{payment_no}/callback", callback)
             .route("/payments/{payment_no}", get(handlers::get_payment))
             .route("/metrics", get(handlers::metrics))
             .with_state(self.clone())
+    }
+
+    /// `POST /orders`'s layer: on SQL the order, the debit and the stored
+    /// response commit in one transaction; the memory database has none.
+    fn order_layer(&self) -> idem_tower::IdempotencyLayer {
+        let layer = self
+            .idem
+            .layer_with_key(ORDER_KEY)
+            .expect("ORDER_KEY is a valid template");
+        match self.data {
+            Data::Memory(_) => layer,
+            _ => layer
+                .transactional()
+                .expect("the SQL stores are transactional"),
+        }
+    }
+}
+
+impl FromRef<App> for Idempotency {
+    fn from_ref(app: &App) -> Self {
+        app.idem.clone()
     }
 }
 
