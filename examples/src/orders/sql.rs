@@ -86,13 +86,107 @@ fn payment_state(state: &str) -> PaymentState {
     }
 }
 
-/// PostgreSQL and SQLite share their SQL (`RETURNING`, `ON CONFLICT`); SQLite
-/// only spells parameters `?1` where PostgreSQL writes `$1`.
+/// The queries whose SQL is the same on every database but for how
+/// parameters are spelled: `$params` turns `$1` into the dialect's form.
+macro_rules! shared_queries {
+    ($params:expr) => {
+        async fn orders_of(
+            pool: &Pool<Self>,
+            tenant: &str,
+            user: &str,
+        ) -> Result<(Vec<Order>, i64), sqlx::Error> {
+            let rows = sqlx::query(AssertSqlSafe($params(
+                "SELECT order_id, sku, qty, amount_cents, balance_cents FROM orders_orders \
+                 WHERE tenant = $1 AND user_id = $2 ORDER BY order_id",
+            )))
+            .bind(tenant)
+            .bind(user)
+            .fetch_all(pool)
+            .await?;
+            let orders = rows
+                .iter()
+                .map(|r| {
+                    Ok(Order {
+                        order_id: r.try_get::<i64, _>(0)? as u64,
+                        tenant: tenant.to_owned(),
+                        user: user.to_owned(),
+                        sku: r.try_get(1)?,
+                        qty: r.try_get(2)?,
+                        amount_cents: r.try_get(3)?,
+                        balance_cents: r.try_get(4)?,
+                    })
+                })
+                .collect::<Result<Vec<_>, sqlx::Error>>()?;
+            let balance: Option<i64> = sqlx::query_scalar(AssertSqlSafe($params(
+                "SELECT balance_cents FROM orders_balances WHERE tenant = $1 AND user_id = $2",
+            )))
+            .bind(tenant)
+            .bind(user)
+            .fetch_optional(pool)
+            .await?;
+            Ok((orders, balance.unwrap_or(STARTING_BALANCE_CENTS)))
+        }
+
+        async fn mark_paid(
+            pool: &Pool<Self>,
+            payment_no: &str,
+            amount_cents: i64,
+        ) -> Result<Result<Payment, TransitionError>, sqlx::Error> {
+            let mut tx = pool.begin().await?;
+            let moved = sqlx::query(AssertSqlSafe($params(
+                "UPDATE orders_payments SET state = 'PAID' \
+                 WHERE payment_no = $1 AND state = 'WAIT_PAY' AND amount_cents = $2",
+            )))
+            .bind(payment_no)
+            .bind(amount_cents)
+            .execute(&mut *tx)
+            .await?;
+            if moved.rows_affected() == 1 {
+                sqlx::query(AssertSqlSafe($params(
+                    "INSERT INTO orders_ledger (payment_no, amount_cents) VALUES ($1, $2)",
+                )))
+                .bind(payment_no)
+                .bind(amount_cents)
+                .execute(&mut *tx)
+                .await?;
+            }
+            tx.commit().await?;
+            resolve_paid(Self::payment(pool, payment_no).await?, amount_cents)
+        }
+
+        async fn payment(pool: &Pool<Self>, payment_no: &str) -> Result<Option<Payment>, sqlx::Error> {
+            let row = sqlx::query(AssertSqlSafe($params(
+                "SELECT p.state, p.amount_cents, \
+                   (SELECT COUNT(*) FROM orders_ledger l WHERE l.payment_no = p.payment_no) \
+                 FROM orders_payments p WHERE p.payment_no = $1",
+            )))
+            .bind(payment_no)
+            .fetch_optional(pool)
+            .await?;
+            row.map(|r| {
+                Ok(Payment {
+                    payment_no: payment_no.to_owned(),
+                    state: payment_state(r.try_get::<String, _>(0)?.as_str()),
+                    amount_cents: r.try_get(1)?,
+                    credits: r.try_get::<i64, _>(2)? as u64,
+                })
+            })
+            .transpose()
+        }
+    };
+}
+
+/// PostgreSQL and SQLite share their writes too (`RETURNING`, `ON
+/// CONFLICT`); SQLite only spells parameters `?1` where PostgreSQL writes
+/// `$1`.
 macro_rules! returning_dialect {
     ($db:ty, $conn:ty, $schema:expr, $params:expr) => {
         impl OrdersSql for $db {
             async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
-                sqlx::raw_sql(AssertSqlSafe($schema)).execute(pool).await.map(drop)
+                sqlx::raw_sql(AssertSqlSafe($schema))
+                    .execute(pool)
+                    .await
+                    .map(drop)
             }
 
             async fn place_order(conn: &mut $conn, o: &NewOrder<'_>) -> Result<Order, sqlx::Error> {
@@ -125,43 +219,6 @@ macro_rules! returning_dialect {
                 order_from(id as u64, o, balance)
             }
 
-            async fn orders_of(
-                pool: &Pool<Self>,
-                tenant: &str,
-                user: &str,
-            ) -> Result<(Vec<Order>, i64), sqlx::Error> {
-                let rows = sqlx::query(AssertSqlSafe($params(
-                    "SELECT order_id, sku, qty, amount_cents, balance_cents FROM orders_orders \
-                     WHERE tenant = $1 AND user_id = $2 ORDER BY order_id",
-                )))
-                .bind(tenant)
-                .bind(user)
-                .fetch_all(pool)
-                .await?;
-                let orders = rows
-                    .iter()
-                    .map(|r| {
-                        Ok(Order {
-                            order_id: r.try_get::<i64, _>(0)? as u64,
-                            tenant: tenant.to_owned(),
-                            user: user.to_owned(),
-                            sku: r.try_get(1)?,
-                            qty: r.try_get(2)?,
-                            amount_cents: r.try_get(3)?,
-                            balance_cents: r.try_get(4)?,
-                        })
-                    })
-                    .collect::<Result<Vec<_>, sqlx::Error>>()?;
-                let balance: Option<i64> = sqlx::query_scalar(AssertSqlSafe($params(
-                    "SELECT balance_cents FROM orders_balances WHERE tenant = $1 AND user_id = $2",
-                )))
-                .bind(tenant)
-                .bind(user)
-                .fetch_optional(pool)
-                .await?;
-                Ok((orders, balance.unwrap_or(STARTING_BALANCE_CENTS)))
-            }
-
             async fn create_payment(
                 pool: &Pool<Self>,
                 payment_no: &str,
@@ -178,52 +235,7 @@ macro_rules! returning_dialect {
                 Ok(done.rows_affected() == 1)
             }
 
-            async fn mark_paid(
-                pool: &Pool<Self>,
-                payment_no: &str,
-                amount_cents: i64,
-            ) -> Result<Result<Payment, TransitionError>, sqlx::Error> {
-                let mut tx = pool.begin().await?;
-                let moved = sqlx::query(AssertSqlSafe($params(
-                    "UPDATE orders_payments SET state = 'PAID' \
-                     WHERE payment_no = $1 AND state = 'WAIT_PAY' AND amount_cents = $2",
-                )))
-                .bind(payment_no)
-                .bind(amount_cents)
-                .execute(&mut *tx)
-                .await?;
-                if moved.rows_affected() == 1 {
-                    sqlx::query(AssertSqlSafe($params(
-                        "INSERT INTO orders_ledger (payment_no, amount_cents) VALUES ($1, $2)",
-                    )))
-                    .bind(payment_no)
-                    .bind(amount_cents)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-                tx.commit().await?;
-                resolve_paid(Self::payment(pool, payment_no).await?, amount_cents)
-            }
-
-            async fn payment(pool: &Pool<Self>, payment_no: &str) -> Result<Option<Payment>, sqlx::Error> {
-                let row = sqlx::query(AssertSqlSafe($params(
-                    "SELECT p.state, p.amount_cents, \
-                       (SELECT COUNT(*) FROM orders_ledger l WHERE l.payment_no = p.payment_no) \
-                     FROM orders_payments p WHERE p.payment_no = $1",
-                )))
-                .bind(payment_no)
-                .fetch_optional(pool)
-                .await?;
-                row.map(|r| {
-                    Ok(Payment {
-                        payment_no: payment_no.to_owned(),
-                        state: payment_state(r.try_get::<String, _>(0)?.as_str()),
-                        amount_cents: r.try_get(1)?,
-                        credits: r.try_get::<i64, _>(2)? as u64,
-                    })
-                })
-                .transpose()
-            }
+            shared_queries!($params);
         }
     };
 }
@@ -296,7 +308,27 @@ CREATE TABLE IF NOT EXISTS orders_ledger (
     amount_cents BIGINT NOT NULL, INDEX orders_ledger_payment (payment_no)) ENGINE = InnoDB;
 ";
 
+/// `$1`, `$2`, ... as MySQL's `?`: right for statements that name each
+/// parameter once, in order, as the shared queries do.
+fn positional(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '$' && chars.peek().is_some_and(char::is_ascii_digit) {
+            while chars.peek().is_some_and(char::is_ascii_digit) {
+                chars.next();
+            }
+            out.push('?');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 impl OrdersSql for MySql {
+    shared_queries!(positional);
+
     async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
         sqlx::raw_sql(MYSQL_SCHEMA).execute(pool).await.map(drop)
     }
@@ -338,43 +370,6 @@ impl OrdersSql for MySql {
         order_from(inserted.last_insert_id(), o, balance)
     }
 
-    async fn orders_of(
-        pool: &Pool<Self>,
-        tenant: &str,
-        user: &str,
-    ) -> Result<(Vec<Order>, i64), sqlx::Error> {
-        let rows = sqlx::query(
-            "SELECT order_id, sku, qty, amount_cents, balance_cents FROM orders_orders \
-             WHERE tenant = ? AND user_id = ? ORDER BY order_id",
-        )
-        .bind(tenant)
-        .bind(user)
-        .fetch_all(pool)
-        .await?;
-        let orders = rows
-            .iter()
-            .map(|r| {
-                Ok(Order {
-                    order_id: r.try_get::<i64, _>(0)? as u64,
-                    tenant: tenant.to_owned(),
-                    user: user.to_owned(),
-                    sku: r.try_get(1)?,
-                    qty: r.try_get(2)?,
-                    amount_cents: r.try_get(3)?,
-                    balance_cents: r.try_get(4)?,
-                })
-            })
-            .collect::<Result<Vec<_>, sqlx::Error>>()?;
-        let balance: Option<i64> = sqlx::query_scalar(
-            "SELECT balance_cents FROM orders_balances WHERE tenant = ? AND user_id = ?",
-        )
-        .bind(tenant)
-        .bind(user)
-        .fetch_optional(pool)
-        .await?;
-        Ok((orders, balance.unwrap_or(STARTING_BALANCE_CENTS)))
-    }
-
     async fn create_payment(
         pool: &Pool<Self>,
         payment_no: &str,
@@ -390,49 +385,16 @@ impl OrdersSql for MySql {
         .await?;
         Ok(done.rows_affected() == 1)
     }
+}
 
-    async fn mark_paid(
-        pool: &Pool<Self>,
-        payment_no: &str,
-        amount_cents: i64,
-    ) -> Result<Result<Payment, TransitionError>, sqlx::Error> {
-        let mut tx = pool.begin().await?;
-        let moved = sqlx::query(
-            "UPDATE orders_payments SET state = 'PAID' \
-             WHERE payment_no = ? AND state = 'WAIT_PAY' AND amount_cents = ?",
-        )
-        .bind(payment_no)
-        .bind(amount_cents)
-        .execute(&mut *tx)
-        .await?;
-        if moved.rows_affected() == 1 {
-            sqlx::query("INSERT INTO orders_ledger (payment_no, amount_cents) VALUES (?, ?)")
-                .bind(payment_no)
-                .bind(amount_cents)
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
-        resolve_paid(Self::payment(pool, payment_no).await?, amount_cents)
-    }
-
-    async fn payment(pool: &Pool<Self>, payment_no: &str) -> Result<Option<Payment>, sqlx::Error> {
-        let row = sqlx::query(
-            "SELECT p.state, p.amount_cents, \
-               (SELECT COUNT(*) FROM orders_ledger l WHERE l.payment_no = p.payment_no) \
-             FROM orders_payments p WHERE p.payment_no = ?",
-        )
-        .bind(payment_no)
-        .fetch_optional(pool)
-        .await?;
-        row.map(|r| {
-            Ok(Payment {
-                payment_no: payment_no.to_owned(),
-                state: payment_state(r.try_get::<String, _>(0)?.as_str()),
-                amount_cents: r.try_get(1)?,
-                credits: r.try_get::<i64, _>(2)? as u64,
-            })
-        })
-        .transpose()
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn positional_parameters_for_mysql() {
+        assert_eq!(
+            super::positional("UPDATE t SET a = $1 WHERE b = $2 AND c = $10"),
+            "UPDATE t SET a = ? WHERE b = ? AND c = ?"
+        );
+        assert_eq!(super::positional("SELECT '$' || x"), "SELECT '$' || x");
     }
 }

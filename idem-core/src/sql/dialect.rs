@@ -149,6 +149,104 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
     fn is_lock_timeout(err: &sqlx::Error) -> bool;
 }
 
+/// The methods whose Rust side is the same on every database: the SQL of
+/// each dialect takes the same parameters in the same order (complete:
+/// outcome, retention in ms, key hash, owner; release: key hash, owner;
+/// purge: batch).
+macro_rules! shared_statements {
+    ($conn:ty) => {
+        async fn complete(
+            conn: &mut $conn,
+            q: &Queries,
+            key_hash: &[u8; 32],
+            owner: &OwnerToken,
+            outcome: &[u8],
+            retention_ms: i64,
+        ) -> Result<bool, sqlx::Error> {
+            let done = sqlx::query(AssertSqlSafe(q.complete.clone()))
+                .bind(outcome)
+                .bind(retention_ms)
+                .bind(&key_hash[..])
+                .bind(&owner.as_bytes()[..])
+                .execute(&mut *conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn release(
+            conn: &mut $conn,
+            q: &Queries,
+            key_hash: &[u8; 32],
+            owner: &OwnerToken,
+        ) -> Result<bool, sqlx::Error> {
+            let done = sqlx::query(AssertSqlSafe(q.release.clone()))
+                .bind(&key_hash[..])
+                .bind(&owner.as_bytes()[..])
+                .execute(&mut *conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn purge(conn: &mut $conn, q: &Queries, batch: i64) -> Result<u64, sqlx::Error> {
+            let done = sqlx::query(AssertSqlSafe(q.purge.clone()))
+                .bind(batch)
+                .execute(&mut *conn)
+                .await?;
+            Ok(done.rows_affected())
+        }
+    };
+}
+pub(crate) use shared_statements;
+
+/// `claim` for databases with `INSERT ... ON CONFLICT DO UPDATE ... WHERE
+/// ... RETURNING` (PostgreSQL, SQLite): a returned row means the claim
+/// inserted or took over the record; otherwise read what is in the way.
+macro_rules! returning_claim {
+    ($conn:ty) => {
+        async fn claim(
+            conn: &mut $conn,
+            q: &Queries,
+            args: ClaimArgs<'_>,
+        ) -> Result<ClaimStep, sqlx::Error> {
+            let inserted = bind_claim(sqlx::query(AssertSqlSafe(q.claim.clone())), &args)
+                .fetch_optional(&mut *conn)
+                .await?;
+            if inserted.is_some() {
+                return Ok(ClaimStep::Acquired);
+            }
+            let row = sqlx::query(AssertSqlSafe(q.select.clone()))
+                .bind(&args.key_hash[..])
+                .fetch_optional(&mut *conn)
+                .await?;
+            Ok(match row {
+                Some(row) => ClaimStep::Existing(record_row(&row)?),
+                None => ClaimStep::Vanished,
+            })
+        }
+    };
+}
+pub(crate) use returning_claim;
+
+/// Binds a claim's parameters, the same five in the same order everywhere:
+/// key hash, key, owner, fingerprint, lease in ms.
+pub(crate) fn bind_claim<'q, DB>(
+    query: sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>,
+    args: &ClaimArgs<'q>,
+) -> sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>
+where
+    DB: sqlx::Database,
+    &'q [u8]: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    query
+        .bind(&args.key_hash[..])
+        .bind(args.key)
+        .bind(&args.owner.as_bytes()[..])
+        .bind(&args.fingerprint.as_bytes()[..])
+        .bind(args.lease_ms)
+}
+
 /// Reads a [`RecordRow`] from a row with the columns of `Queries::select`.
 pub(crate) fn record_row<R>(row: &R) -> Result<RecordRow, sqlx::Error>
 where

@@ -10,7 +10,8 @@ use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, MySql};
 
 use super::dialect::{
-    ClaimArgs, ClaimStep, Dialect, Queries, has_code, record_row, render, sealed,
+    ClaimArgs, ClaimStep, Dialect, Queries, bind_claim, has_code, record_row, render, sealed,
+    shared_statements,
 };
 use crate::OwnerToken;
 
@@ -46,7 +47,7 @@ impl Dialect for MySql {
                     "INSERT INTO {{table}} \
                        (key_hash, idem_key, state, owner, fingerprint, outcome, expires_at, created_at) \
                      VALUES (?, ?, 'I', ?, ?, NULL, \
-                       UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6)) \
+                       UTC_TIMESTAMP(6) + INTERVAL (? * 1000) MICROSECOND, UTC_TIMESTAMP(6)) \
                      ON DUPLICATE KEY UPDATE {updates}"
                 ),
                 table,
@@ -59,7 +60,7 @@ impl Dialect for MySql {
             ),
             complete: render(
                 "UPDATE {table} SET state = 'C', owner = NULL, outcome = ?, \
-                   expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+                   expires_at = UTC_TIMESTAMP(6) + INTERVAL (? * 1000) MICROSECOND \
                  WHERE key_hash = ? AND state = 'I' AND owner = ?",
                 table,
             ),
@@ -125,12 +126,7 @@ impl Dialect for MySql {
         q: &Queries,
         args: ClaimArgs<'_>,
     ) -> Result<ClaimStep, sqlx::Error> {
-        sqlx::query(AssertSqlSafe(q.claim.clone()))
-            .bind(&args.key_hash[..])
-            .bind(args.key)
-            .bind(&args.owner.as_bytes()[..])
-            .bind(&args.fingerprint.as_bytes()[..])
-            .bind(args.lease_ms.saturating_mul(1000))
+        bind_claim(sqlx::query(AssertSqlSafe(q.claim.clone())), &args)
             .execute(&mut *conn)
             .await?;
         let row = sqlx::query(AssertSqlSafe(q.select.clone()))
@@ -149,49 +145,7 @@ impl Dialect for MySql {
         })
     }
 
-    async fn complete(
-        conn: &mut MySqlConnection,
-        q: &Queries,
-        key_hash: &[u8; 32],
-        owner: &OwnerToken,
-        outcome: &[u8],
-        retention_ms: i64,
-    ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(AssertSqlSafe(q.complete.clone()))
-            .bind(outcome)
-            .bind(retention_ms.saturating_mul(1000))
-            .bind(&key_hash[..])
-            .bind(&owner.as_bytes()[..])
-            .execute(&mut *conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn release(
-        conn: &mut MySqlConnection,
-        q: &Queries,
-        key_hash: &[u8; 32],
-        owner: &OwnerToken,
-    ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(AssertSqlSafe(q.release.clone()))
-            .bind(&key_hash[..])
-            .bind(&owner.as_bytes()[..])
-            .execute(&mut *conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn purge(
-        conn: &mut MySqlConnection,
-        q: &Queries,
-        batch: i64,
-    ) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(AssertSqlSafe(q.purge.clone()))
-            .bind(batch)
-            .execute(&mut *conn)
-            .await?;
-        Ok(done.rows_affected())
-    }
+    shared_statements!(MySqlConnection);
 
     async fn set_lock_timeout(
         conn: &mut MySqlConnection,

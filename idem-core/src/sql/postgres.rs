@@ -7,7 +7,8 @@ use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Postgres};
 
 use super::dialect::{
-    ClaimArgs, ClaimStep, Dialect, Queries, has_code, record_row, render, sealed,
+    ClaimArgs, ClaimStep, Dialect, Queries, bind_claim, has_code, record_row, render,
+    returning_claim, sealed, shared_statements,
 };
 use crate::OwnerToken;
 
@@ -24,7 +25,7 @@ impl Dialect for Postgres {
             claim: render(
                 "INSERT INTO {table} AS r \
                    (key_hash, idem_key, state, owner, fingerprint, outcome, expires_at) \
-                 VALUES ($1, $2, 'I', $3, $4, NULL, now() + $5::float8 * interval '1 millisecond') \
+                 VALUES ($1, $2, 'I', $3, $4, NULL, now() + $5::bigint * interval '1 millisecond') \
                  ON CONFLICT (key_hash) DO UPDATE SET \
                    idem_key = EXCLUDED.idem_key, state = 'I', owner = EXCLUDED.owner, \
                    fingerprint = EXCLUDED.fingerprint, outcome = NULL, \
@@ -40,9 +41,9 @@ impl Dialect for Postgres {
                 table,
             ),
             complete: render(
-                "UPDATE {table} SET state = 'C', owner = NULL, outcome = $3, \
-                   expires_at = now() + $4::float8 * interval '1 millisecond' \
-                 WHERE key_hash = $1 AND state = 'I' AND owner = $2",
+                "UPDATE {table} SET state = 'C', owner = NULL, outcome = $1, \
+                   expires_at = now() + $2::bigint * interval '1 millisecond' \
+                 WHERE key_hash = $3 AND state = 'I' AND owner = $4",
                 table,
             ),
             release: render(
@@ -93,71 +94,8 @@ impl Dialect for Postgres {
         tx.commit().await
     }
 
-    async fn claim(
-        conn: &mut PgConnection,
-        q: &Queries,
-        args: ClaimArgs<'_>,
-    ) -> Result<ClaimStep, sqlx::Error> {
-        let inserted = sqlx::query(AssertSqlSafe(q.claim.clone()))
-            .bind(&args.key_hash[..])
-            .bind(args.key)
-            .bind(&args.owner.as_bytes()[..])
-            .bind(&args.fingerprint.as_bytes()[..])
-            .bind(args.lease_ms as f64)
-            .fetch_optional(&mut *conn)
-            .await?;
-        if inserted.is_some() {
-            return Ok(ClaimStep::Acquired);
-        }
-        let row = sqlx::query(AssertSqlSafe(q.select.clone()))
-            .bind(&args.key_hash[..])
-            .fetch_optional(&mut *conn)
-            .await?;
-        Ok(match row {
-            Some(row) => ClaimStep::Existing(record_row(&row)?),
-            None => ClaimStep::Vanished,
-        })
-    }
-
-    async fn complete(
-        conn: &mut PgConnection,
-        q: &Queries,
-        key_hash: &[u8; 32],
-        owner: &OwnerToken,
-        outcome: &[u8],
-        retention_ms: i64,
-    ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(AssertSqlSafe(q.complete.clone()))
-            .bind(&key_hash[..])
-            .bind(&owner.as_bytes()[..])
-            .bind(outcome)
-            .bind(retention_ms as f64)
-            .execute(&mut *conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn release(
-        conn: &mut PgConnection,
-        q: &Queries,
-        key_hash: &[u8; 32],
-        owner: &OwnerToken,
-    ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(AssertSqlSafe(q.release.clone()))
-            .bind(&key_hash[..])
-            .bind(&owner.as_bytes()[..])
-            .execute(&mut *conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn purge(conn: &mut PgConnection, q: &Queries, batch: i64) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(AssertSqlSafe(q.purge.clone()))
-            .bind(batch)
-            .execute(&mut *conn)
-            .await?;
-        Ok(done.rows_affected())
-    }
+    returning_claim!(PgConnection);
+    shared_statements!(PgConnection);
 
     async fn set_lock_timeout(
         conn: &mut PgConnection,

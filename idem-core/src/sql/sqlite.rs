@@ -10,7 +10,8 @@ use sqlx::sqlite::SqliteConnection;
 use sqlx::{AssertSqlSafe, Sqlite};
 
 use super::dialect::{
-    ClaimArgs, ClaimStep, Dialect, Queries, has_code, record_row, render, sealed,
+    ClaimArgs, ClaimStep, Dialect, Queries, bind_claim, has_code, record_row, render,
+    returning_claim, sealed, shared_statements,
 };
 use crate::OwnerToken;
 
@@ -41,9 +42,9 @@ impl Dialect for Sqlite {
                  FROM {table} WHERE key_hash = ?1",
             ),
             complete: sql(
-                "UPDATE {table} SET state = 'C', owner = NULL, outcome = ?3, \
-                   expires_at = {now} + ?4 \
-                 WHERE key_hash = ?1 AND state = 'I' AND owner = ?2",
+                "UPDATE {table} SET state = 'C', owner = NULL, outcome = ?1, \
+                   expires_at = {now} + ?2 \
+                 WHERE key_hash = ?3 AND state = 'I' AND owner = ?4",
             ),
             release: sql("DELETE FROM {table} WHERE key_hash = ?1 AND state = 'I' AND owner = ?2"),
             purge: sql("DELETE FROM {table} WHERE key_hash IN ( \
@@ -83,75 +84,8 @@ impl Dialect for Sqlite {
         tx.commit().await
     }
 
-    async fn claim(
-        conn: &mut SqliteConnection,
-        q: &Queries,
-        args: ClaimArgs<'_>,
-    ) -> Result<ClaimStep, sqlx::Error> {
-        let inserted = sqlx::query(AssertSqlSafe(q.claim.clone()))
-            .bind(&args.key_hash[..])
-            .bind(args.key)
-            .bind(&args.owner.as_bytes()[..])
-            .bind(&args.fingerprint.as_bytes()[..])
-            .bind(args.lease_ms)
-            .fetch_optional(&mut *conn)
-            .await?;
-        if inserted.is_some() {
-            return Ok(ClaimStep::Acquired);
-        }
-        let row = sqlx::query(AssertSqlSafe(q.select.clone()))
-            .bind(&args.key_hash[..])
-            .fetch_optional(&mut *conn)
-            .await?;
-        Ok(match row {
-            Some(row) => ClaimStep::Existing(record_row(&row)?),
-            None => ClaimStep::Vanished,
-        })
-    }
-
-    async fn complete(
-        conn: &mut SqliteConnection,
-        q: &Queries,
-        key_hash: &[u8; 32],
-        owner: &OwnerToken,
-        outcome: &[u8],
-        retention_ms: i64,
-    ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(AssertSqlSafe(q.complete.clone()))
-            .bind(&key_hash[..])
-            .bind(&owner.as_bytes()[..])
-            .bind(outcome)
-            .bind(retention_ms)
-            .execute(&mut *conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn release(
-        conn: &mut SqliteConnection,
-        q: &Queries,
-        key_hash: &[u8; 32],
-        owner: &OwnerToken,
-    ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(AssertSqlSafe(q.release.clone()))
-            .bind(&key_hash[..])
-            .bind(&owner.as_bytes()[..])
-            .execute(&mut *conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn purge(
-        conn: &mut SqliteConnection,
-        q: &Queries,
-        batch: i64,
-    ) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(AssertSqlSafe(q.purge.clone()))
-            .bind(batch)
-            .execute(&mut *conn)
-            .await?;
-        Ok(done.rows_affected())
-    }
+    returning_claim!(SqliteConnection);
+    shared_statements!(SqliteConnection);
 
     async fn set_lock_timeout(_: &mut SqliteConnection, _: Duration) -> Result<(), sqlx::Error> {
         // SQLite waits on the connection's busy_timeout, set on the pool.
