@@ -8,7 +8,7 @@
 //! ```
 //! use std::time::Duration;
 //! use http::{HeaderMap, Method};
-//! use idem_core::{Claim, Fingerprint, FingerprintSpec, IdempotencyStore, KeyTemplate, MemoryStore, Outcome, RequestView};
+//! use idem_core::{Claim, Fingerprint, FingerprintSpec, IdempotencyStore, KeyTemplate, MemoryStore, Outcome, OwnerToken, RequestView};
 //!
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
 //! let template: KeyTemplate = "pay-callback:{path:payment_no}".parse()?;
@@ -22,7 +22,7 @@
 //! let fingerprint = Fingerprint::of(&request, &FingerprintSpec::Request)?;
 //!
 //! let store = MemoryStore::new();
-//! match store.claim(&key, &fingerprint, Duration::from_secs(30)).await? {
+//! match store.claim(&key, &fingerprint, Duration::from_secs(30), OwnerToken::generate()).await? {
 //!     Claim::Acquired(owner) => {
 //!         // first time: do the work, then record the outcome
 //!         store.complete(&key, &owner, &Outcome::NotReplayable, Duration::from_secs(3600)).await?;

@@ -139,6 +139,7 @@ impl IdempotencyStore for MemoryStore {
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
         lease: Duration,
+        owner: OwnerToken,
     ) -> Result<Claim, Error> {
         Ok(self
             .compute(key, |live, now| match live {
@@ -149,7 +150,6 @@ impl IdempotencyStore for MemoryStore {
                         .claim_answer(fingerprint, entry.expires_at.saturating_duration_since(now)),
                 ),
                 None => {
-                    let owner = OwnerToken::generate();
                     let entry = Entry {
                         record: Arc::new(Record::InFlight {
                             owner,

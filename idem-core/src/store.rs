@@ -20,7 +20,7 @@ use crate::{Claim, Error, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::{Claim, Fingerprint, IdempotencyKey, IdempotencyStore, MemoryStore, Outcome};
+/// use idem_core::{Claim, Fingerprint, IdempotencyKey, IdempotencyStore, MemoryStore, Outcome, OwnerToken};
 ///
 /// # tokio_test();
 /// # fn tokio_test() { tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -28,20 +28,23 @@ use crate::{Claim, Error, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
 /// let key = IdempotencyKey::new("idem:", "charge:42");
 /// let fp = Fingerprint::from_bytes([1; 32]);
 ///
-/// let Claim::Acquired(owner) = store.claim(&key, &fp, Duration::from_secs(30)).await? else {
+/// let owner = OwnerToken::generate();
+/// let Claim::Acquired(owner) = store.claim(&key, &fp, Duration::from_secs(30), owner).await? else {
 ///     panic!("a fresh key is free");
 /// };
 /// // ... run the handler ...
 /// store.complete(&key, &owner, &Outcome::NotReplayable, Duration::from_secs(86_400)).await?;
-/// assert_eq!(store.claim(&key, &fp, Duration::from_secs(30)).await?, Claim::Replay(Outcome::NotReplayable));
+/// let again = store.claim(&key, &fp, Duration::from_secs(30), OwnerToken::generate()).await?;
+/// assert_eq!(again, Claim::Replay(Outcome::NotReplayable));
 /// # Ok::<(), idem_core::Error>(()) }).unwrap(); }
 /// ```
 pub trait IdempotencyStore: Send + Sync + 'static {
     /// Claims `key` for a request with `fingerprint`, atomically:
     ///
-    /// - absent, or in flight with an expired lease: becomes in flight under a
-    ///   fresh owner token with a lease of `lease`; returns
-    ///   [`Claim::Acquired`];
+    /// - absent, or in flight with an expired lease: becomes in flight under
+    ///   `owner` (a fresh [`OwnerToken::generate`], chosen by the caller so
+    ///   that stores in layers can share it) with a lease of `lease`; returns
+    ///   [`Claim::Acquired`] with that token;
     /// - live with another fingerprint: [`Claim::Mismatch`] (checked first);
     /// - in flight with a live lease: [`Claim::InFlight`] with the lease left;
     /// - completed: [`Claim::Replay`] with the stored outcome.
@@ -52,6 +55,7 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
         lease: Duration,
+        owner: OwnerToken,
     ) -> impl Future<Output = Result<Claim, Error>> + Send;
 
     /// Completes `key` with `outcome`, kept for `retention`, if `owner` still
@@ -86,8 +90,9 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
         lease: Duration,
+        owner: OwnerToken,
     ) -> impl Future<Output = Result<Claim, Error>> + Send {
-        (**self).claim(key, fingerprint, lease)
+        (**self).claim(key, fingerprint, lease, owner)
     }
 
     fn complete(

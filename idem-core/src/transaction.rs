@@ -16,7 +16,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use crate::{Claim, Error, Fingerprint, IdempotencyKey, Outcome};
+use crate::{Claim, Error, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
 
 /// A boxed, `Send` future, for the object-safe traits of this module.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -36,6 +36,7 @@ pub trait TransactionalStore: Send + Sync + 'static {
         key: &'a IdempotencyKey,
         fingerprint: &'a Fingerprint,
         lease: Duration,
+        owner: OwnerToken,
     ) -> BoxFuture<'a, Result<TransactionalClaim, Error>>;
 }
 

@@ -17,6 +17,7 @@ pub(crate) trait DynStore: Send + Sync + 'static {
         key: &'a IdempotencyKey,
         fingerprint: &'a Fingerprint,
         lease: Duration,
+        owner: OwnerToken,
     ) -> BoxFuture<'a, Result<Claim, Error>>;
 
     fn complete<'a>(
@@ -42,8 +43,15 @@ impl<S: IdempotencyStore> DynStore for S {
         key: &'a IdempotencyKey,
         fingerprint: &'a Fingerprint,
         lease: Duration,
+        owner: OwnerToken,
     ) -> BoxFuture<'a, Result<Claim, Error>> {
-        Box::pin(IdempotencyStore::claim(self, key, fingerprint, lease))
+        Box::pin(IdempotencyStore::claim(
+            self,
+            key,
+            fingerprint,
+            lease,
+            owner,
+        ))
     }
 
     fn complete<'a>(

@@ -1179,6 +1179,7 @@ impl IdempotencyStore for UnavailableStore {
         _: &IdempotencyKey,
         _: &Fingerprint,
         _: Duration,
+        _: OwnerToken,
     ) -> Result<Claim, idem_core::Error> {
         Err(connection_refused())
     }
@@ -1225,8 +1226,9 @@ impl IdempotencyStore for CompleteFails {
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
         lease: Duration,
+        owner: OwnerToken,
     ) -> Result<Claim, idem_core::Error> {
-        self.0.claim(key, fingerprint, lease).await
+        self.0.claim(key, fingerprint, lease, owner).await
     }
 
     async fn complete(

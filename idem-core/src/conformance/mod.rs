@@ -59,7 +59,11 @@ async fn acquire<S: IdempotencyStore>(
     fingerprint: &Fingerprint,
     lease: Duration,
 ) -> OwnerToken {
-    match store.claim(key, fingerprint, lease).await.unwrap() {
+    match store
+        .claim(key, fingerprint, lease, OwnerToken::generate())
+        .await
+        .unwrap()
+    {
         Claim::Acquired(owner) => owner,
         other => panic!("expected to acquire a free key, got {other:?}"),
     }
@@ -73,7 +77,10 @@ pub async fn claim_complete_replay<S: IdempotencyStore>(store: Arc<S>) {
     store.complete(&key, &owner, &outcome, LONG).await.unwrap();
     for _ in 0..3 {
         assert_eq!(
-            store.claim(&key, &fp(1), LONG).await.unwrap(),
+            store
+                .claim(&key, &fp(1), LONG, OwnerToken::generate())
+                .await
+                .unwrap(),
             Claim::Replay(outcome.clone())
         );
     }
@@ -88,7 +95,10 @@ pub async fn not_replayable_outcome_is_kept<S: IdempotencyStore>(store: Arc<S>) 
         .await
         .unwrap();
     assert_eq!(
-        store.claim(&key, &fp(1), LONG).await.unwrap(),
+        store
+            .claim(&key, &fp(1), LONG, OwnerToken::generate())
+            .await
+            .unwrap(),
         Claim::Replay(Outcome::NotReplayable)
     );
 }
@@ -103,7 +113,10 @@ pub async fn concurrent_claims_have_one_winner<S: IdempotencyStore>(store: Arc<S
             let (store, key, barrier) = (store.clone(), key.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                store.claim(&key, &fp(1), LONG).await.unwrap()
+                store
+                    .claim(&key, &fp(1), LONG, OwnerToken::generate())
+                    .await
+                    .unwrap()
             })
         })
         .collect();
@@ -131,7 +144,11 @@ pub async fn release_then_reclaim<S: IdempotencyStore>(store: Arc<S>) {
 pub async fn in_flight_reports_lease_left<S: IdempotencyStore>(store: Arc<S>) {
     let key = fresh_key("inflight");
     let _owner = acquire(&*store, &key, &fp(1), LONG).await;
-    match store.claim(&key, &fp(1), LONG).await.unwrap() {
+    match store
+        .claim(&key, &fp(1), LONG, OwnerToken::generate())
+        .await
+        .unwrap()
+    {
         Claim::InFlight { retry_after } => {
             assert!(retry_after <= LONG, "{retry_after:?}");
             assert!(
@@ -168,7 +185,10 @@ pub async fn stale_owner_cannot_complete_or_release<S: IdempotencyStore>(store: 
     let err = store.release(&key, &stale).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LeaseLost);
     assert!(matches!(
-        store.claim(&key, &fp(1), LONG).await.unwrap(),
+        store
+            .claim(&key, &fp(1), LONG, OwnerToken::generate())
+            .await
+            .unwrap(),
         Claim::InFlight { .. }
     ));
 
@@ -178,7 +198,10 @@ pub async fn stale_owner_cannot_complete_or_release<S: IdempotencyStore>(store: 
         .await
         .unwrap();
     assert_eq!(
-        store.claim(&key, &fp(1), LONG).await.unwrap(),
+        store
+            .claim(&key, &fp(1), LONG, OwnerToken::generate())
+            .await
+            .unwrap(),
         Claim::Replay(outcome)
     );
 }
@@ -216,7 +239,10 @@ pub async fn only_the_owner_moves_the_record<S: IdempotencyStore>(store: Arc<S>)
         ErrorKind::LeaseLost
     );
     assert_eq!(
-        store.claim(&key, &fp(1), LONG).await.unwrap(),
+        store
+            .claim(&key, &fp(1), LONG, OwnerToken::generate())
+            .await
+            .unwrap(),
         Claim::Replay(outcome)
     );
     let absent = fresh_key("absent");
@@ -232,7 +258,10 @@ pub async fn fingerprint_mismatch<S: IdempotencyStore>(store: Arc<S>) {
     let key = fresh_key("mismatch");
     let owner = acquire(&*store, &key, &fp(1), LONG).await;
     assert_eq!(
-        store.claim(&key, &fp(2), LONG).await.unwrap(),
+        store
+            .claim(&key, &fp(2), LONG, OwnerToken::generate())
+            .await
+            .unwrap(),
         Claim::Mismatch
     );
     store
@@ -240,11 +269,17 @@ pub async fn fingerprint_mismatch<S: IdempotencyStore>(store: Arc<S>) {
         .await
         .unwrap();
     assert_eq!(
-        store.claim(&key, &fp(2), LONG).await.unwrap(),
+        store
+            .claim(&key, &fp(2), LONG, OwnerToken::generate())
+            .await
+            .unwrap(),
         Claim::Mismatch
     );
     assert!(matches!(
-        store.claim(&key, &fp(1), LONG).await.unwrap(),
+        store
+            .claim(&key, &fp(1), LONG, OwnerToken::generate())
+            .await
+            .unwrap(),
         Claim::Replay(_)
     ));
 }
@@ -258,7 +293,10 @@ pub async fn retention_expiry_frees_the_key<S: IdempotencyStore>(store: Arc<S>) 
         .await
         .unwrap();
     assert!(matches!(
-        store.claim(&key, &fp(1), LONG).await.unwrap(),
+        store
+            .claim(&key, &fp(1), LONG, OwnerToken::generate())
+            .await
+            .unwrap(),
         Claim::Replay(_)
     ));
     tokio::time::sleep(PAST_SHORT).await;

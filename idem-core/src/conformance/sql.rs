@@ -10,7 +10,7 @@ use sqlx::AssertSqlSafe;
 
 use crate::sql::{Dialect, SqlStore, TxSlot};
 use crate::transaction::{TransactionalClaim, TransactionalStore};
-use crate::{Claim, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome};
+use crate::{Claim, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken};
 
 const LONG: Duration = Duration::from_secs(60);
 const EFFECTS: &str = "idem_test_effects";
@@ -79,7 +79,10 @@ async fn claim_and_write<DB: TestSql>(
     key: &IdempotencyKey,
     nonce: &str,
 ) -> Box<dyn crate::transaction::ClaimTransaction> {
-    let claim = store.claim_in_transaction(key, &fp(), LONG).await.unwrap();
+    let claim = store
+        .claim_in_transaction(key, &fp(), LONG, OwnerToken::generate())
+        .await
+        .unwrap();
     let TransactionalClaim::Acquired(tx) = claim else {
         panic!("expected to acquire, got {claim:?}");
     };
@@ -119,7 +122,10 @@ pub async fn commit_keeps_writes_and_outcome<DB: TestSql>(store: Arc<SqlStore<DB
     tx.commit(&response(), LONG).await.unwrap();
     assert_eq!(effects(store.pool(), &nonce).await, 1);
     assert_eq!(
-        store.claim(&key, &fp(), LONG).await.unwrap(),
+        store
+            .claim(&key, &fp(), LONG, OwnerToken::generate())
+            .await
+            .unwrap(),
         Claim::Replay(response())
     );
 }
@@ -135,7 +141,10 @@ pub async fn rollback_undoes_writes_and_claim<DB: TestSql>(store: Arc<SqlStore<D
         .unwrap();
     assert_eq!(effects(store.pool(), &nonce).await, 0);
     assert!(matches!(
-        store.claim(&key, &fp(), LONG).await.unwrap(),
+        store
+            .claim(&key, &fp(), LONG, OwnerToken::generate())
+            .await
+            .unwrap(),
         Claim::Acquired(_)
     ));
 }
@@ -149,7 +158,11 @@ pub async fn dropped_transaction_rolls_back<DB: TestSql>(store: Arc<SqlStore<DB>
     // used; claiming again (on any connection) must find the key free.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        match store.claim(&key, &fp(), LONG).await.unwrap() {
+        match store
+            .claim(&key, &fp(), LONG, OwnerToken::generate())
+            .await
+            .unwrap()
+        {
             Claim::Acquired(_) => break,
             other if Instant::now() > deadline => panic!("key still held: {other:?}"),
             _ => tokio::time::sleep(Duration::from_millis(50)).await,
@@ -170,7 +183,10 @@ pub async fn duplicate_waits_for_the_open_transaction_then_replays<DB: TestSql>(
         let (store, key) = (store.clone(), key.clone());
         tokio::spawn(async move {
             let started = Instant::now();
-            let claim = store.claim_in_transaction(&key, &fp(), LONG).await.unwrap();
+            let claim = store
+                .claim_in_transaction(&key, &fp(), LONG, OwnerToken::generate())
+                .await
+                .unwrap();
             (claim, started.elapsed())
         })
     };
@@ -195,7 +211,10 @@ pub async fn duplicate_past_the_lock_timeout_is_in_flight<DB: TestSql>(store: Ar
     effects_table(store.pool()).await;
     let (key, nonce) = fresh_key("tx-timeout");
     let first = claim_and_write(&store, &key, &nonce).await;
-    let claim = store.claim_in_transaction(&key, &fp(), LONG).await.unwrap();
+    let claim = store
+        .claim_in_transaction(&key, &fp(), LONG, OwnerToken::generate())
+        .await
+        .unwrap();
     assert!(
         matches!(claim, TransactionalClaim::Answered(Claim::InFlight { .. })),
         "{claim:?}"
@@ -213,7 +232,10 @@ pub async fn migrate_twice_and_custom_table<DB: TestSql>(store: Arc<SqlStore<DB>
     custom.migrate().await.unwrap();
     let (key, _) = fresh_key("custom");
     assert!(matches!(
-        custom.claim(&key, &fp(), LONG).await.unwrap(),
+        custom
+            .claim(&key, &fp(), LONG, OwnerToken::generate())
+            .await
+            .unwrap(),
         Claim::Acquired(_)
     ));
     let bad = SqlStore::with_table(store.pool().clone(), "x; DROP TABLE y").unwrap_err();
@@ -223,13 +245,22 @@ pub async fn migrate_twice_and_custom_table<DB: TestSql>(store: Arc<SqlStore<DB>
 /// `purge_expired` deletes expired rows in batches and leaves live ones.
 pub async fn purge_removes_only_expired_rows<DB: TestSql>(store: Arc<SqlStore<DB>>) {
     let (live, _) = fresh_key("purge-live");
-    let Claim::Acquired(owner) = store.claim(&live, &fp(), LONG).await.unwrap() else {
+    let Claim::Acquired(owner) = store
+        .claim(&live, &fp(), LONG, OwnerToken::generate())
+        .await
+        .unwrap()
+    else {
         panic!("fresh key");
     };
     for i in 0..5 {
         let (dead, _) = fresh_key(&format!("purge-dead-{i}"));
         let _ = store
-            .claim(&dead, &fp(), Duration::from_millis(1))
+            .claim(
+                &dead,
+                &fp(),
+                Duration::from_millis(1),
+                OwnerToken::generate(),
+            )
             .await
             .unwrap();
     }

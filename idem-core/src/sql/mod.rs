@@ -199,9 +199,9 @@ impl<DB: Dialect> SqlStore<DB> {
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
         lease: Duration,
-    ) -> Result<(Claim, OwnerToken), sqlx::Error> {
+        owner: OwnerToken,
+    ) -> Result<Claim, sqlx::Error> {
         let key_hash = key_hash(key);
-        let owner = OwnerToken::generate();
         for _ in 0..CLAIM_ATTEMPTS {
             let args = ClaimArgs {
                 key_hash: &key_hash,
@@ -211,10 +211,10 @@ impl<DB: Dialect> SqlStore<DB> {
                 lease_ms: millis(lease),
             };
             match DB::claim(conn, &self.inner.queries, args).await? {
-                ClaimStep::Acquired => return Ok((Claim::Acquired(owner), owner)),
+                ClaimStep::Acquired => return Ok(Claim::Acquired(owner)),
                 ClaimStep::Vanished => continue,
                 ClaimStep::Existing(row) => match row.answer(fingerprint) {
-                    Ok(Some(claim)) => return Ok((claim, owner)),
+                    Ok(Some(claim)) => return Ok(claim),
                     Ok(None) => continue,
                     Err(err) => return Err(sqlx::Error::Decode(err.into())),
                 },
@@ -245,7 +245,7 @@ fn unavailable(err: sqlx::Error) -> Error {
     }
 }
 
-fn validate_identifier(name: &str) -> Result<(), Error> {
+pub(crate) fn validate_identifier(name: &str) -> Result<(), Error> {
     let mut bytes = name.bytes();
     let valid = name.len() <= 48
         && bytes
@@ -271,13 +271,12 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
         lease: Duration,
+        owner: OwnerToken,
     ) -> Result<Claim, Error> {
         let mut conn = self.inner.pool.acquire().await.map_err(unavailable)?;
-        let (claim, _) = self
-            .claim_on(&mut conn, key, fingerprint, lease)
+        self.claim_on(&mut conn, key, fingerprint, lease, owner)
             .await
-            .map_err(unavailable)?;
-        Ok(claim)
+            .map_err(unavailable)
     }
 
     async fn complete(
@@ -328,14 +327,15 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
         key: &'a IdempotencyKey,
         fingerprint: &'a Fingerprint,
         lease: Duration,
+        owner: OwnerToken,
     ) -> BoxFuture<'a, Result<TransactionalClaim, Error>> {
         Box::pin(async move {
             let mut tx = self.inner.pool.begin().await.map_err(unavailable)?;
             DB::set_lock_timeout(&mut tx, self.inner.lock_timeout)
                 .await
                 .map_err(unavailable)?;
-            match self.claim_on(&mut tx, key, fingerprint, lease).await {
-                Ok((Claim::Acquired(owner), _)) => Ok(TransactionalClaim::Acquired(Box::new(
+            match self.claim_on(&mut tx, key, fingerprint, lease, owner).await {
+                Ok(Claim::Acquired(owner)) => Ok(TransactionalClaim::Acquired(Box::new(
                     SqlClaimTransaction {
                         slot: TxSlot::new(tx),
                         store: self.clone(),
@@ -344,7 +344,7 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
                     },
                 ))),
                 // Nothing of ours to keep: dropping `tx` rolls it back.
-                Ok((answer, _)) => Ok(TransactionalClaim::Answered(answer)),
+                Ok(answer) => Ok(TransactionalClaim::Answered(answer)),
                 Err(err) if DB::is_lock_timeout(&err) => {
                     Ok(TransactionalClaim::Answered(Claim::InFlight {
                         retry_after: self.inner.lock_timeout.max(Duration::from_secs(1)),

@@ -163,7 +163,12 @@ where
     };
     let lease = layer.policy.lease.unwrap_or(config.lease);
     let tx = match store
-        .claim_in_transaction(&target.key, &target.fingerprint, lease)
+        .claim_in_transaction(
+            &target.key,
+            &target.fingerprint,
+            lease,
+            OwnerToken::generate(),
+        )
         .await
     {
         Ok(TransactionalClaim::Acquired(tx)) => tx,
@@ -424,13 +429,21 @@ async fn claim(layer: &IdempotencyLayer, target: &Target) -> Result<Claim, idem_
     let lease = layer.policy.lease.unwrap_or(config.lease);
     let store = &*config.store;
     let wait = match layer.policy.in_flight.unwrap_or(config.in_flight) {
-        InFlight::Reject => return store.claim(&target.key, &target.fingerprint, lease).await,
+        InFlight::Reject => {
+            let owner = OwnerToken::generate();
+            return store
+                .claim(&target.key, &target.fingerprint, lease, owner)
+                .await;
+        }
         InFlight::Wait(wait) => wait,
     };
     let deadline = Instant::now() + wait;
     let mut pause = Duration::from_millis(10);
     loop {
-        let claim = store.claim(&target.key, &target.fingerprint, lease).await?;
+        let owner = OwnerToken::generate();
+        let claim = store
+            .claim(&target.key, &target.fingerprint, lease, owner)
+            .await?;
         let Claim::InFlight { retry_after } = claim else {
             return Ok(claim);
         };
