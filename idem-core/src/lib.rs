@@ -47,6 +47,10 @@ pub mod transaction;
 #[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
 mod memory;
 
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis;
+
 #[cfg(feature = "sql")]
 #[cfg_attr(
     docsrs,

@@ -268,6 +268,29 @@ mod tests {
         assert_eq!(&bytes[2..18], owner.as_bytes());
     }
 
+    /// The Redis scripts build a completed record from an in-flight one
+    /// without decoding it: version, `C`, the fingerprint at bytes 2..34 of
+    /// the in-flight record, then the outcome's own encoding.
+    #[test]
+    fn completed_is_version_tag_fingerprint_outcome() {
+        let fingerprint = Fingerprint::from_bytes([5; 32]);
+        let in_flight = Record::InFlight {
+            owner: OwnerToken::generate(),
+            fingerprint,
+        }
+        .encode();
+        let outcome = Outcome::NotReplayable;
+        let completed = Record::Completed {
+            fingerprint,
+            outcome: outcome.clone(),
+        }
+        .encode();
+        let mut expected = b"\x01C".to_vec();
+        expected.extend_from_slice(&in_flight[18..50]);
+        expected.extend_from_slice(&outcome.encode());
+        assert_eq!(&completed[..], &expected[..]);
+    }
+
     #[test]
     fn every_truncation_is_an_error_not_a_panic() {
         let mut headers = HeaderMap::new();

@@ -1,0 +1,192 @@
+//! Redis: the fast gate.
+//!
+//! One key per record, holding [`Record::encode`] with the lease or the
+//! retention as its `PX` expiry, so Redis's own clock expires it. A claim is
+//! one round trip: `SET key value NX PX lease GET` sets the record if the key
+//! is free and otherwise returns what is there. Complete and release are Lua
+//! scripts that compare the owner token inside the stored value, loaded once
+//! and called with `EVALSHA`.
+//!
+//! Redis keeps records in memory: an eviction, an expiry or a failover loses
+//! them. Use it in front of a SQL store ([`TieredStore`](crate::tiered::TieredStore)),
+//! not alone, where a duplicate is lost money.
+//!
+//! ```no_run
+//! # async fn run() -> redis::RedisResult<()> {
+//! use idem_core::redis::RedisStore;
+//!
+//! let client = redis::Client::open("redis://127.0.0.1:6379")?;
+//! let store = RedisStore::new(client.get_connection_manager().await?);
+//! # let _ = store; Ok(()) }
+//! ```
+//!
+//! Keys are hash-tagged (`idem:{...}`), so a Redis Cluster connection
+//! (`redis::cluster_async::ClusterConnection`) works as well.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use ::redis::Script;
+use ::redis::aio::ConnectionLike;
+
+use crate::{
+    Claim, Error, ErrorKind, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken,
+    Record,
+};
+
+static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("complete.lua")));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release.lua")));
+
+/// Idempotency records in Redis, on your connection: a
+/// `redis::aio::ConnectionManager` (reconnects by itself, cheap to clone) or
+/// a `redis::cluster_async::ClusterConnection`.
+#[derive(Clone)]
+pub struct RedisStore<C> {
+    conn: C,
+}
+
+impl<C> std::fmt::Debug for RedisStore<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore").finish_non_exhaustive()
+    }
+}
+
+impl<C> RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// A store on `conn`.
+    pub fn new(conn: C) -> Self {
+        Self { conn }
+    }
+
+    /// The connection, for a health check or a command of your own.
+    pub fn connection(&self) -> &C {
+        &self.conn
+    }
+
+    /// Writes a completed record directly, with its retention: how a tiered
+    /// store re-warms the gate from the source of truth.
+    pub async fn put_completed(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        outcome: &Outcome,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        let record = Record::Completed {
+            fingerprint: *fingerprint,
+            outcome: outcome.clone(),
+        };
+        ::redis::cmd("SET")
+            .arg(key.as_str())
+            .arg(&record.encode()[..])
+            .arg("PX")
+            .arg(millis(retention))
+            .exec_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)
+    }
+
+    /// Forgets a key whatever it holds: the tiered store's answer when the
+    /// source of truth says the gate is wrong.
+    pub async fn forget(&self, key: &IdempotencyKey) -> Result<(), Error> {
+        ::redis::cmd("DEL")
+            .arg(key.as_str())
+            .exec_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+fn unavailable(err: ::redis::RedisError) -> Error {
+    Error::new(ErrorKind::Unavailable, err)
+}
+
+impl<C> IdempotencyStore for RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn claim(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+        owner: OwnerToken,
+    ) -> Result<Claim, Error> {
+        let mut conn = self.conn.clone();
+        let record = Record::InFlight {
+            owner,
+            fingerprint: *fingerprint,
+        };
+        let previous: Option<Vec<u8>> = ::redis::cmd("SET")
+            .arg(key.as_str())
+            .arg(&record.encode()[..])
+            .arg("NX")
+            .arg("PX")
+            .arg(millis(lease))
+            .arg("GET")
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        let Some(previous) = previous else {
+            return Ok(Claim::Acquired(owner));
+        };
+        let existing = Record::decode(&previous)?;
+        let lease_left = match &existing {
+            // Only an in-flight answer needs the time left: a second trip.
+            Record::InFlight {
+                fingerprint: fp, ..
+            } if fp == fingerprint => {
+                let ttl: i64 = ::redis::cmd("PTTL")
+                    .arg(key.as_str())
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(unavailable)?;
+                Duration::from_millis(ttl.max(1).unsigned_abs())
+            }
+            _ => lease,
+        };
+        Ok(existing.claim_answer(fingerprint, lease_left))
+    }
+
+    async fn complete(
+        &self,
+        key: &IdempotencyKey,
+        owner: &OwnerToken,
+        outcome: &Outcome,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        let done: i64 = COMPLETE
+            .key(key.as_str())
+            .arg(&owner.as_bytes()[..])
+            .arg(&outcome.encode()[..])
+            .arg(millis(retention))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)?;
+        if done == 1 {
+            Ok(())
+        } else {
+            Err(Error::lease_lost())
+        }
+    }
+
+    async fn release(&self, key: &IdempotencyKey, owner: &OwnerToken) -> Result<(), Error> {
+        let done: i64 = RELEASE
+            .key(key.as_str())
+            .arg(&owner.as_bytes()[..])
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)?;
+        if done == 1 {
+            Ok(())
+        } else {
+            Err(Error::lease_lost())
+        }
+    }
+}
