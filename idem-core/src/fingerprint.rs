@@ -96,7 +96,7 @@ impl Fingerprint {
     }
 
     /// The fingerprint from its 32 stored bytes.
-    pub fn from_bytes(bytes: [u8; 32]) -> Self {
+    pub const fn from_bytes(bytes: [u8; 32]) -> Self {
         Self(bytes)
     }
 

@@ -50,6 +50,9 @@ mod memory;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod tiered;
 
 #[cfg(feature = "sql")]
 #[cfg_attr(
@@ -61,6 +64,18 @@ pub mod sql;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod conformance;
+
+#[cfg(any(feature = "sql", feature = "redis"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(
+        feature = "postgres",
+        feature = "mysql",
+        feature = "sqlite",
+        feature = "redis"
+    )))
+)]
+pub mod guards;
 
 pub use error::{BoxError, Error, ErrorKind};
 pub use fingerprint::{Fingerprint, FingerprintSpec};

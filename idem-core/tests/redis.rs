@@ -23,94 +23,31 @@ mod single {
 /// this test binary. Each node runs under a watchdog that stops it when this
 /// process exits, so a run leaves nothing behind.
 mod cluster {
-    use std::net::TcpListener;
-    use std::path::PathBuf;
-    use std::process::{Command, Stdio};
     use std::sync::OnceLock;
-    use std::time::{Duration, Instant};
 
-    use idem_core::conformance::server_missing;
+    use idem_core::conformance::{RedisServer, redis_cli_says, wait_until};
     use idem_core::redis::RedisStore;
     use redis::cluster::ClusterClient;
     use redis::cluster_async::ClusterConnection;
 
-    static NODES: OnceLock<Option<Vec<String>>> = OnceLock::new();
+    /// The nodes, started on first use and kept for the test binary's life
+    /// (each stops itself when the binary exits).
+    static NODES: OnceLock<Option<Vec<RedisServer>>> = OnceLock::new();
 
-    /// A port free for a node and for its cluster bus (port + 10000).
-    fn free_port(taken: &[u16]) -> u16 {
-        loop {
-            let port = TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map(|a| a.port())
-                .expect("an ephemeral port");
-            let fits = (1024..55535).contains(&port)
-                && !taken.contains(&port)
-                && TcpListener::bind(("127.0.0.1", port + 10000)).is_ok();
-            if fits {
-                return port;
-            }
-        }
-    }
-
-    fn answers(port: u16, command: &[&str], expect: &str) -> bool {
-        Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-            .args(command)
-            .output()
-            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(expect))
-    }
-
-    fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !ready() {
-            assert!(Instant::now() < deadline, "{what} never happened");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn start() -> Option<Vec<String>> {
-        if Command::new("redis-server")
-            .arg("--version")
-            .output()
-            .is_err()
-        {
-            return server_missing("redis-server (for a Redis Cluster)", "PATH", "not found");
-        }
-        let mut ports = Vec::new();
-        for _ in 0..3 {
-            let port = free_port(&ports);
-            ports.push(port);
-        }
-        let me = std::process::id();
-        for port in &ports {
-            let dir: PathBuf = std::env::temp_dir().join(format!("idem-cluster-{me}-{port}"));
-            std::fs::create_dir_all(&dir).expect("a node directory");
-            let node = format!(
-                "redis-server --port {port} --bind 127.0.0.1 --cluster-enabled yes \
-                 --cluster-config-file nodes.conf --cluster-node-timeout 5000 \
-                 --dir {dir} --save '' --appendonly no --logfile node.log",
-                dir = dir.display()
-            );
-            let watchdog = format!(
-                "{node} & node=$!; while kill -0 {me} 2>/dev/null; do sleep 1; done; \
-                 kill $node; rm -rf {dir}",
-                dir = dir.display()
-            );
-            Command::new("sh")
-                .args(["-c", &watchdog])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("start a cluster node");
-        }
-        for port in &ports {
-            wait_until("a cluster node answering", || {
-                answers(*port, &["ping"], "PONG")
-            });
-        }
-        let addresses: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-        let created = Command::new("redis-cli")
+    fn start() -> Option<Vec<RedisServer>> {
+        let node = || {
+            RedisServer::start(&[
+                "--cluster-enabled yes",
+                "--cluster-config-file nodes.conf",
+                "--cluster-node-timeout 5000",
+            ])
+        };
+        let nodes = vec![node()?, node()?, node()?];
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let created = std::process::Command::new("redis-cli")
             .arg("--cluster")
             .arg("create")
             .args(&addresses)
@@ -122,16 +59,21 @@ mod cluster {
             "cluster create failed: {}",
             String::from_utf8_lossy(&created.stdout)
         );
-        for port in &ports {
+        for node in &nodes {
             wait_until("cluster_state:ok", || {
-                answers(*port, &["cluster", "info"], "cluster_state:ok")
+                redis_cli_says(node.port(), &["cluster", "info"], "cluster_state:ok")
             });
         }
-        Some(addresses.iter().map(|a| format!("redis://{a}")).collect())
+        Some(nodes)
     }
 
     async fn store() -> Option<RedisStore<ClusterConnection>> {
-        let nodes = NODES.get_or_init(start).clone()?;
+        let nodes: Vec<String> = NODES
+            .get_or_init(start)
+            .as_ref()?
+            .iter()
+            .map(RedisServer::url)
+            .collect();
         let client = ClusterClient::new(nodes).expect("cluster client");
         let conn = client
             .get_async_connection()

@@ -376,3 +376,8 @@ pub fn server_url(var: &str, default: &str) -> String {
 
 #[cfg(feature = "sql")]
 pub mod sql;
+
+#[cfg(feature = "redis")]
+mod redis_server;
+#[cfg(feature = "redis")]
+pub use redis_server::{RedisServer, free_port, redis_cli_says, wait_until};

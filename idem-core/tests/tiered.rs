@@ -1,0 +1,197 @@
+//! The tiered store (Redis gate, PostgreSQL truth) against real servers:
+//! the conformance suite, answers from Redis alone, SQL catching what Redis
+//! lost, and a Redis outage in the middle of traffic.
+#![cfg(all(feature = "test-util", feature = "redis", feature = "postgres"))]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::conformance::{RedisServer, server_missing, server_url};
+use idem_core::redis::RedisStore;
+use idem_core::sql::PgStore;
+use idem_core::sql::sqlx::postgres::PgPoolOptions;
+use idem_core::tiered::{BreakerState, TieredStore};
+use idem_core::{Claim, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken};
+use redis::aio::ConnectionManager;
+
+type Tiered = TieredStore<ConnectionManager, PgStore>;
+
+async fn truth() -> Option<PgStore> {
+    let url = server_url(
+        "IDEM_TEST_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    );
+    let pool = match PgPoolOptions::new().max_connections(80).connect(&url).await {
+        Ok(pool) => pool,
+        Err(err) => return server_missing("PostgreSQL", &url, err),
+    };
+    let store = PgStore::new(pool);
+    store.migrate().await.expect("migrate");
+    Some(store)
+}
+
+async fn gate(url: &str) -> Option<RedisStore<ConnectionManager>> {
+    let client = redis::Client::open(url).expect("a Redis URL");
+    match client.get_connection_manager().await {
+        Ok(conn) => Some(RedisStore::new(conn)),
+        Err(err) => server_missing("Redis", url, err),
+    }
+}
+
+/// The shared Redis in front of the shared PostgreSQL.
+async fn tiered() -> Option<Tiered> {
+    let url = server_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    Some(TieredStore::new(gate(&url).await?, truth().await?))
+}
+
+mod conformance {
+    idem_core::store_conformance_tests!(super::tiered());
+}
+
+fn key(case: &str) -> IdempotencyKey {
+    IdempotencyKey::new(
+        "idem-test:",
+        &format!("{case}:{:016x}", rand::random::<u64>()),
+    )
+}
+
+const FP: Fingerprint = Fingerprint::from_bytes([4; 32]);
+const LONG: Duration = Duration::from_secs(60);
+
+async fn first_then_complete(store: &Tiered, key: &IdempotencyKey) -> Outcome {
+    let owner = OwnerToken::generate();
+    assert_eq!(
+        store.claim(key, &FP, LONG, owner).await.unwrap(),
+        Claim::Acquired(owner)
+    );
+    let outcome = Outcome::NotReplayable;
+    store.complete(key, &owner, &outcome, LONG).await.unwrap();
+    outcome
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn duplicates_of_a_completed_request_are_answered_by_redis_alone() {
+    let Some(store) = tiered().await else { return };
+    let key = key("gate-answers");
+    let outcome = first_then_complete(&store, &key).await;
+    let before = store.counters().snapshot();
+    for _ in 0..5 {
+        let claim = store.claim(&key, &FP, LONG, OwnerToken::generate()).await;
+        assert_eq!(claim.unwrap(), Claim::Replay(outcome.clone()));
+    }
+    let after = store.counters().snapshot();
+    assert_eq!(after.answered_by_gate - before.answered_by_gate, 5);
+    assert_eq!(after.fallback_caught, before.fallback_caught);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sql_catches_what_redis_lost_and_rewarms_the_gate() {
+    let Some(store) = tiered().await else { return };
+    let key = key("fallback");
+    let outcome = first_then_complete(&store, &key).await;
+    // Redis loses the record: eviction, expiry, failover.
+    store.gate().forget(&key).await.unwrap();
+
+    let before = store.counters().snapshot();
+    let claim = store.claim(&key, &FP, LONG, OwnerToken::generate()).await;
+    assert_eq!(
+        claim.unwrap(),
+        Claim::Replay(outcome.clone()),
+        "SQL's answer"
+    );
+    let caught = store.counters().snapshot();
+    assert_eq!(caught.fallback_caught - before.fallback_caught, 1);
+
+    let claim = store.claim(&key, &FP, LONG, OwnerToken::generate()).await;
+    assert_eq!(claim.unwrap(), Claim::Replay(outcome));
+    let rewarmed = store.counters().snapshot();
+    assert_eq!(
+        rewarmed.answered_by_gate - caught.answered_by_gate,
+        1,
+        "the gate answers again"
+    );
+    assert_eq!(rewarmed.fallback_caught, caught.fallback_caught);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_in_process_cache_answers_without_a_network_trip() {
+    let Some(store) = tiered().await else { return };
+    let store = store.cache(1_000, Duration::from_secs(5));
+    let key = key("cache");
+    first_then_complete(&store, &key).await;
+    let _ = store.claim(&key, &FP, LONG, OwnerToken::generate()).await;
+    let before = store.counters().snapshot();
+    for _ in 0..3 {
+        let claim = store.claim(&key, &FP, LONG, OwnerToken::generate()).await;
+        assert!(matches!(claim.unwrap(), Claim::Replay(_)));
+    }
+    let mismatch = store
+        .claim(
+            &key,
+            &Fingerprint::from_bytes([9; 32]),
+            LONG,
+            OwnerToken::generate(),
+        )
+        .await;
+    assert_eq!(mismatch.unwrap(), Claim::Mismatch);
+    let after = store.counters().snapshot();
+    assert_eq!(after.cache_hits - before.cache_hits, 4);
+    assert_eq!(after.answered_by_gate, before.answered_by_gate);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_redis_outage_degrades_to_sql_and_recovers_without_a_restart() {
+    let Some(server) = RedisServer::start(&[]) else {
+        return;
+    };
+    let Some(gate) = gate(&server.url()).await else {
+        return;
+    };
+    let Some(truth) = truth().await else { return };
+    let store = Arc::new(
+        TieredStore::new(gate, truth)
+            .gate_timeout(Duration::from_millis(100))
+            .breaker(2, Duration::from_millis(300)),
+    );
+
+    let warm = key("outage-warm");
+    first_then_complete(&store, &warm).await;
+
+    server.stop();
+    // Exactly once with Redis gone: each key runs once, duplicates replay.
+    for i in 0..6 {
+        let key = key(&format!("outage-{i}"));
+        let outcome = first_then_complete(&store, &key).await;
+        let again = store.claim(&key, &FP, LONG, OwnerToken::generate()).await;
+        assert_eq!(again.unwrap(), Claim::Replay(outcome));
+    }
+    let down = store.counters().snapshot();
+    assert!(down.degraded >= 12, "{down:?}");
+    assert!(down.breaker_opened >= 1, "{down:?}");
+    assert_ne!(store.breaker_state(), BreakerState::Closed);
+
+    server.restart();
+    // The breaker probes again after its pause, and closes on a success.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while store.breaker_state() != BreakerState::Closed {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the gate never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let _ = store.claim(&warm, &FP, LONG, OwnerToken::generate()).await;
+    }
+    let up = store.counters().snapshot();
+    assert!(up.breaker_recovered >= 1, "{up:?}");
+
+    // And the gate is in use again: a fresh key's duplicates come from Redis.
+    let key = key("outage-after");
+    first_then_complete(&store, &key).await;
+    let before = store.counters().snapshot();
+    let again = store.claim(&key, &FP, LONG, OwnerToken::generate()).await;
+    assert!(matches!(again.unwrap(), Claim::Replay(_)));
+    assert_eq!(
+        store.counters().snapshot().answered_by_gate - before.answered_by_gate,
+        1
+    );
+}
