@@ -70,6 +70,8 @@
 //! - `postgres`, `mysql`, `sqlite`: the SQL stores ([`PgStore`],
 //!   [`MySqlStore`], [`SqliteStore`]) and, with `axum`, the [`Tx`] extractor
 //!   for transactional mode.
+//! - `redis`: [`RedisStore`], and [`TieredStore`] to put it in front of a
+//!   SQL store as the fast gate.
 //! - `test-util`: the store conformance suite.
 //!
 //! [tower]: https://docs.rs/tower
@@ -125,6 +127,8 @@ pub use idem_core::{
     Error, ErrorKind, FingerprintSpec, IdempotencyStore, KeyError, KeyTemplate, Outcome,
     StoredResponse, TemplateError,
 };
+#[cfg(feature = "redis")]
+pub use idem_core::{redis::RedisStore, tiered::TieredStore};
 
 /// The core crate, for store authors and lower-level use.
 pub use idem_core as core;

@@ -128,13 +128,15 @@ impl RedisServer {
              while kill -0 {me} 2>/dev/null && kill -0 $server 2>/dev/null; do sleep 1; done; \
              kill $server 2>/dev/null"
         );
-        Command::new("sh")
+        let mut shell = Command::new("sh")
             .args(["-c", &watchdog])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("start redis-server");
+        // Reaped whenever it ends, so it never lingers as a zombie.
+        std::thread::spawn(move || shell.wait());
         wait_until("redis-server answering", || {
             redis_cli_says(self.port, &["ping"], "PONG")
         });

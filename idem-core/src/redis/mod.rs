@@ -23,6 +23,10 @@
 //! Keys are hash-tagged (`idem:{...}`), so a Redis Cluster connection
 //! (`redis::cluster_async::ClusterConnection`) works as well.
 
+/// The redis crate this store is built on, so your connection is the very
+/// type the store takes.
+pub use ::redis;
+
 use std::sync::LazyLock;
 use std::time::Duration;
 
