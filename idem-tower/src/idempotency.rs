@@ -8,6 +8,7 @@ use std::time::Duration;
 use http::{HeaderName, StatusCode, header};
 use idem_core::{IdempotencyStore, KeyTemplate, TemplateError};
 
+use crate::collisions::{Collision, Collisions};
 use crate::dyn_store::DynStore;
 use crate::{IdempotencyLayer, Resolver};
 
@@ -92,6 +93,7 @@ pub(crate) struct Config {
     pub(crate) in_flight: InFlight,
     pub(crate) keep: KeepFn,
     pub(crate) unavailable_retry_after: Duration,
+    pub(crate) collisions: Collisions,
 }
 
 /// The idempotency handle: a store and the configuration shared by every
@@ -140,6 +142,7 @@ impl Idempotency {
                 in_flight: InFlight::Reject,
                 keep: keep_deterministic,
                 unavailable_retry_after: Duration::from_secs(1),
+                collisions: Collisions::default(),
             },
         }
     }
@@ -170,6 +173,14 @@ impl Idempotency {
     /// The name of the header that carries the client's key.
     pub fn key_header(&self) -> &HeaderName {
         &self.config.key_header
+    }
+
+    /// The `n` keys that duplicates hit most (replays, in-flight conflicts,
+    /// mismatches), from a bounded table of
+    /// [`TRACKED_KEYS`](crate::TRACKED_KEYS): a retry storm, or a client
+    /// that reuses keys. Keys are cut to their first 64 characters.
+    pub fn top_collisions(&self, n: usize) -> Vec<Collision> {
+        self.config.collisions.top(n)
     }
 
     pub(crate) fn replays(&self, name: &HeaderName) -> bool {

@@ -60,6 +60,16 @@
 //! once per handler; the key template and every other argument are checked
 //! at compile time. The attribute's own docs list its arguments.
 //!
+//! # Observability
+//!
+//! Requests are counted by outcome (`idem_requests_total{outcome}`) and
+//! claims timed (`idem_claim_seconds`) through the [metrics] facade: install
+//! any recorder, such as `metrics-exporter-prometheus`. The keys duplicates
+//! hit most come from [`Idempotency::top_collisions`]. Spans and events go
+//! through `tracing`, with keys as short hashes, never request bodies.
+//!
+//! [metrics]: https://docs.rs/metrics
+//!
 //! # Features
 //!
 //! - `memory` (default): [`MemoryStore`].
@@ -81,10 +91,12 @@
 #[cfg(feature = "axum")]
 mod axum;
 mod body;
+mod collisions;
 mod dyn_store;
 mod guard;
 mod idempotency;
 pub mod layer;
+mod metrics;
 mod problem;
 mod resolver;
 mod route;
@@ -95,6 +107,7 @@ mod route;
 mod tx;
 
 pub use body::ResponseBody;
+pub use collisions::{Collision, TRACKED_KEYS};
 pub use idempotency::{
     DEFAULT_LEASE, DEFAULT_MAX_BODY, DEFAULT_MAX_STORED_RESPONSE, DEFAULT_REPLAY_HEADERS,
     DEFAULT_RETENTION, Idempotency, IdempotencyBuilder, InFlight, KeepFn, keep_deterministic,

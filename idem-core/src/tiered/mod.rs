@@ -90,7 +90,8 @@ impl<C, T> fmt::Debug for TieredStore<C, T> {
     }
 }
 
-/// The tiered store's counters, shared and cheap to read.
+/// The tiered store's counters, shared and cheap to read. Each is also
+/// reported through the `metrics` facade as `idem_tier_<name>_total`.
 #[derive(Debug, Default)]
 pub struct TierCounters {
     answered_by_gate: AtomicU64,
@@ -134,8 +135,10 @@ impl TierCounters {
         }
     }
 
-    fn bump(counter: &AtomicU64) {
+    /// Counts one here and, as `name`, through the `metrics` facade.
+    fn bump(counter: &AtomicU64, name: &'static str) {
         counter.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(name).increment(1);
     }
 }
 
@@ -262,7 +265,10 @@ where
             }
             Ok(result) => {
                 if inner.breaker.success() == Transition::Recovered {
-                    TierCounters::bump(&inner.counters.breaker_recovered);
+                    TierCounters::bump(
+                        &inner.counters.breaker_recovered,
+                        "idem_tier_breaker_recovered_total",
+                    );
                     tracing::info!("Redis gate answering again; breaker closed");
                 }
                 Some(result)
@@ -277,7 +283,10 @@ where
     fn gate_failed(&self, why: &dyn fmt::Display) {
         let inner = &self.inner;
         if inner.breaker.failure(Instant::now()) == Transition::Opened {
-            TierCounters::bump(&inner.counters.breaker_opened);
+            TierCounters::bump(
+                &inner.counters.breaker_opened,
+                "idem_tier_breaker_opened_total",
+            );
             tracing::warn!(%why, "Redis gate failing; breaker open, SQL alone decides");
         } else {
             tracing::debug!(%why, "Redis gate failed; SQL alone decides");
@@ -294,7 +303,7 @@ where
         let inner = &self.inner;
         let counters = &inner.counters;
         if let Some(hit) = inner.cache.as_ref().and_then(|c| c.get(key.as_str())) {
-            TierCounters::bump(&counters.cache_hits);
+            TierCounters::bump(&counters.cache_hits, "idem_tier_cache_hits_total");
             return GateStep::Answered(if hit.0 == *fingerprint {
                 Claim::Replay(hit.1.clone())
             } else {
@@ -307,7 +316,10 @@ where
         {
             Some(Ok(Claim::Acquired(_))) => GateStep::Held,
             Some(Ok(claim)) => {
-                TierCounters::bump(&counters.answered_by_gate);
+                TierCounters::bump(
+                    &counters.answered_by_gate,
+                    "idem_tier_answered_by_gate_total",
+                );
                 if let (Some(cache), Claim::Replay(outcome)) = (&inner.cache, &claim) {
                     cache.insert(
                         key.as_str().to_owned(),
@@ -318,7 +330,7 @@ where
             }
             // A record Redis holds but cannot decode: let SQL decide.
             Some(Err(_)) | None => {
-                TierCounters::bump(&counters.degraded);
+                TierCounters::bump(&counters.degraded, "idem_tier_degraded_total");
                 GateStep::Skipped
             }
         }
@@ -337,7 +349,10 @@ where
         match truth {
             Claim::Acquired(_) => {}
             Claim::Replay(outcome) => {
-                TierCounters::bump(&inner.counters.fallback_caught);
+                TierCounters::bump(
+                    &inner.counters.fallback_caught,
+                    "idem_tier_fallback_caught_total",
+                );
                 tracing::warn!(key = %key.redacted(), "SQL caught a duplicate Redis let through; re-warming the gate");
                 let rewarm = inner
                     .gate
@@ -345,7 +360,10 @@ where
                 let _ = self.on_gate(rewarm).await;
             }
             Claim::InFlight { .. } | Claim::Mismatch => {
-                TierCounters::bump(&inner.counters.fallback_caught);
+                TierCounters::bump(
+                    &inner.counters.fallback_caught,
+                    "idem_tier_fallback_caught_total",
+                );
                 let _ = self.on_gate(inner.gate.release(key, owner)).await;
             }
         }

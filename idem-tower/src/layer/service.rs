@@ -21,6 +21,7 @@ use tracing::Instrument;
 use super::{IdempotencyLayer, ResponseFuture};
 use crate::body::ResponseBody;
 use crate::guard::ClaimGuard;
+use crate::metrics::{self, RequestOutcome};
 use crate::problem::Problem;
 use crate::{InFlight, REPLAYED_HEADER};
 
@@ -97,27 +98,31 @@ where
     let (mut parts, body) = request.into_parts();
     let body = match read_body(body, config.max_body, &parts.headers).await {
         Ok(body) => body,
-        Err(problem) => return Ok(problem.to_response()),
+        Err(problem) => return Ok(rejected(&problem)),
     };
     let target = match target(&layer, &mut parts, &body).await {
         Ok(Some(target)) => target,
         Ok(None) => {
             tracing::debug!("no idempotency key on an optional route; passing through");
+            metrics::request(RequestOutcome::Unkeyed);
             let response = inner.call(Request::from_parts(parts, ReqBody::from(body)));
             return Ok(response.await?.map(ResponseBody::inner));
         }
-        Err(problem) => return Ok(problem.to_response()),
+        Err(problem) => return Ok(rejected(&problem)),
     };
     tracing::Span::current().record("key", target.key.redacted());
 
     if layer.policy.transactional {
         return in_transaction(&layer, inner, parts, body, target).await;
     }
-    let claim = match claim(&layer, &target).await {
+    let started = Instant::now();
+    let claimed = claim(&layer, &target).await;
+    metrics::claim_latency(started.elapsed());
+    let claim = match claimed {
         Ok(claim) => claim,
         Err(err) => return Ok(unavailable(&layer, &err)),
     };
-    let owner = match decide(claim) {
+    let owner = match decide(&layer, &target.key, claim) {
         Decision::Run(owner) => owner,
         Decision::Respond(response) => return Ok(response),
     };
@@ -131,14 +136,26 @@ where
     match called {
         Ok(Ok(response)) => Ok(detached(settle(layer.clone(), guard, response)).await),
         Ok(Err(err)) => {
+            metrics::request(RequestOutcome::Released);
             guard.release("service error").await;
             Err(err)
         }
         Err(panic) => {
+            metrics::request(RequestOutcome::Released);
             guard.release("panicked").await;
             std::panic::resume_unwind(panic)
         }
     }
+}
+
+/// A request the layer refused before claiming anything.
+fn rejected<B: Body>(problem: &Problem) -> Response<ResponseBody<B>> {
+    metrics::request(match problem {
+        Problem::BodyTooLarge { .. } => RequestOutcome::BodyTooLarge,
+        Problem::KeyMissing(_) => RequestOutcome::MissingKey,
+        _ => RequestOutcome::InvalidKey,
+    });
+    problem.to_response()
 }
 
 /// Transactional mode: claim in a transaction, lend it to the handler, then
@@ -162,18 +179,20 @@ where
         unreachable!("a transactional layer on a store without transactions");
     };
     let lease = layer.policy.lease.unwrap_or(config.lease);
-    let tx = match store
+    let started = Instant::now();
+    let claimed = store
         .claim_in_transaction(
             &target.key,
             &target.fingerprint,
             lease,
             OwnerToken::generate(),
         )
-        .await
-    {
+        .await;
+    metrics::claim_latency(started.elapsed());
+    let tx = match claimed {
         Ok(TransactionalClaim::Acquired(tx)) => tx,
         Ok(TransactionalClaim::Answered(claim)) => {
-            return Ok(match decide(claim) {
+            return Ok(match decide(layer, &target.key, claim) {
                 Decision::Respond(response) => response,
                 // The store broke its contract: Acquired comes with a transaction.
                 Decision::Run(_) => unavailable(layer, &ErrorKind::Config.into()),
@@ -190,10 +209,12 @@ where
     let response = match called {
         Ok(Ok(response)) => response,
         Ok(Err(err)) => {
+            metrics::request(RequestOutcome::Released);
             rollback(tx, "service error").await;
             return Err(err);
         }
         Err(panic) => {
+            metrics::request(RequestOutcome::Released);
             rollback(tx, "panicked").await;
             std::panic::resume_unwind(panic)
         }
@@ -238,9 +259,11 @@ where
         Classified::Final(outcome, response) => {
             complete(&layer, &guard, &outcome).await;
             guard.defuse();
+            metrics::request(RequestOutcome::First);
             response
         }
         Classified::NotFinal(response) => {
+            metrics::request(RequestOutcome::Released);
             guard.release("response not final").await;
             response
         }
@@ -264,6 +287,7 @@ where
             match tx.commit(&outcome, retention).await {
                 Ok(()) => {
                     tracing::debug!("committed the handler's writes with the outcome");
+                    metrics::request(RequestOutcome::First);
                     response
                 }
                 // Nothing committed: the handler's writes are gone too, so
@@ -272,6 +296,7 @@ where
             }
         }
         Classified::NotFinal(response) => {
+            metrics::request(RequestOutcome::Released);
             rollback(tx, "response not final").await;
             response
         }
@@ -290,6 +315,7 @@ fn unavailable<B: Body>(
     layer: &IdempotencyLayer,
     err: &idem_core::Error,
 ) -> Response<ResponseBody<B>> {
+    metrics::request(RequestOutcome::StoreError);
     tracing::error!(error = %err, "idempotency store unavailable; handler not called or its writes not kept");
     Problem::StoreUnavailable {
         retry_after: layer.idem.config.unavailable_retry_after,
@@ -305,7 +331,20 @@ enum Decision<B: Body> {
     Respond(Response<ResponseBody<B>>),
 }
 
-fn decide<B: Body>(claim: Claim) -> Decision<B> {
+fn decide<B: Body>(layer: &IdempotencyLayer, key: &IdempotencyKey, claim: Claim) -> Decision<B> {
+    let outcome = match &claim {
+        Claim::Acquired(_) => None,
+        Claim::Replay(Outcome::Response(_)) => Some(RequestOutcome::Replayed),
+        Claim::Replay(Outcome::NotReplayable) => Some(RequestOutcome::NotReplayable),
+        Claim::InFlight { .. } => Some(RequestOutcome::InFlight),
+        Claim::Mismatch => Some(RequestOutcome::Mismatch),
+    };
+    if let Some(outcome) = outcome {
+        metrics::request(outcome);
+        if outcome.is_collision() {
+            layer.idem.config.collisions.record(key.composite());
+        }
+    }
     match claim {
         Claim::Acquired(owner) => Decision::Run(owner),
         Claim::Replay(Outcome::Response(stored)) => {

@@ -1,0 +1,75 @@
+//! What the layer reports through the [`metrics`] facade: one counter of
+//! requests by outcome, and the claim latency. Labels stay low-cardinality
+//! (the outcome only); which keys collide is kept apart, in
+//! [`Collisions`](crate::collisions::Collisions).
+//!
+//! | metric | kind | labels |
+//! |---|---|---|
+//! | `idem_requests_total` | counter | `outcome`: `first`, `replayed`, `in_flight`, `mismatch`, `not_replayable`, `missing_key`, `invalid_key`, `body_too_large`, `unkeyed`, `released`, `store_error` |
+//! | `idem_claim_seconds` | histogram | |
+//!
+//! With no recorder installed these cost next to nothing.
+
+use std::time::Duration;
+
+/// How one request through the layer ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RequestOutcome {
+    /// Ran, and its outcome was stored (or committed).
+    First,
+    /// A duplicate answered with the stored response.
+    Replayed,
+    /// A duplicate while the first was running.
+    InFlight,
+    /// The key reused with another request.
+    Mismatch,
+    /// A duplicate of a response too large to store.
+    NotReplayable,
+    /// A key part was absent.
+    MissingKey,
+    /// A key part was malformed, oversize or repeated; or the body unreadable.
+    InvalidKey,
+    /// The body was over the cap.
+    BodyTooLarge,
+    /// An optional key was absent: passed through.
+    Unkeyed,
+    /// Ran, and its claim was released (not final, error, panic) or rolled
+    /// back.
+    Released,
+    /// The store could not be reached, or its commit failed.
+    StoreError,
+}
+
+impl RequestOutcome {
+    fn label(self) -> &'static str {
+        match self {
+            Self::First => "first",
+            Self::Replayed => "replayed",
+            Self::InFlight => "in_flight",
+            Self::Mismatch => "mismatch",
+            Self::NotReplayable => "not_replayable",
+            Self::MissingKey => "missing_key",
+            Self::InvalidKey => "invalid_key",
+            Self::BodyTooLarge => "body_too_large",
+            Self::Unkeyed => "unkeyed",
+            Self::Released => "released",
+            Self::StoreError => "store_error",
+        }
+    }
+
+    /// Whether this outcome means another request already used the key.
+    pub(crate) fn is_collision(self) -> bool {
+        matches!(
+            self,
+            Self::Replayed | Self::InFlight | Self::Mismatch | Self::NotReplayable
+        )
+    }
+}
+
+pub(crate) fn request(outcome: RequestOutcome) {
+    metrics::counter!("idem_requests_total", "outcome" => outcome.label()).increment(1);
+}
+
+pub(crate) fn claim_latency(elapsed: Duration) {
+    metrics::histogram!("idem_claim_seconds").record(elapsed.as_secs_f64());
+}
