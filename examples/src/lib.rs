@@ -1,4 +1,6 @@
 //! Runnable idem apps. [`orders`] is the reference app of DESIGN section 7:
-//! run it with `cargo run -p idem-examples --bin orders`.
+//! run it with `cargo run -p idem-examples --bin orders`. [`consumer`] is an
+//! idempotent NATS JetStream consumer: `cargo run -p idem-examples --bin consumer`.
 
+pub mod consumer;
 pub mod orders;

@@ -3,60 +3,16 @@
 //! a restart there is no partial effect (no order, no debit), and a retry
 //! with the same key runs exactly once.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+mod support;
+
 use std::time::{Duration, Instant};
 
 use idem_tower::core::conformance::{server_missing, server_url};
 use serde_json::{Value, json};
+use support::Orders;
 
 const STARTING_BALANCE: i64 = 100_000;
 const PRICE: i64 = 2_500;
-
-/// An `orders` process on a loopback port.
-struct Orders {
-    child: Child,
-    base: String,
-}
-
-impl Orders {
-    fn start(database: &str) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_orders"))
-            .args(["--listen", "127.0.0.1:0", "--database", database, "--chaos"])
-            .env("RUST_LOG", "warn")
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start the orders binary");
-        let stderr = child.stderr.take().expect("piped stderr");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            // Keep reading so the child never blocks on a full pipe.
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(addr) = line.strip_prefix("orders listening on ") {
-                    let _ = tx.send(addr.to_owned());
-                }
-            }
-        });
-        let base = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("orders printed where it listens");
-        Self { child, base }
-    }
-
-    /// SIGKILL: no destructor, no rollback, no goodbye.
-    fn kill_9(mut self) {
-        self.child.kill().expect("kill -9");
-        self.child.wait().expect("reap");
-    }
-}
-
-impl Drop for Orders {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn client() -> reqwest::Client {
     reqwest::Client::builder()
@@ -113,7 +69,7 @@ async fn kill_mid_handler_then_retry_once(database: &str) {
         "crash-{:x}",
         std::process::id() as u64 * 1_000_003 + rand_suffix()
     );
-    let first = Orders::start(database);
+    let first = Orders::start(database, None);
     let base = first.base.clone();
     let doomed = tokio::spawn({
         let (base, tenant) = (base.clone(), tenant.clone());
@@ -132,7 +88,7 @@ async fn kill_mid_handler_then_retry_once(database: &str) {
         "the client saw the connection die"
     );
 
-    let second = Orders::start(database);
+    let second = Orders::start(database, None);
     assert_eq!(
         account(&second.base, &tenant).await,
         (0, STARTING_BALANCE),

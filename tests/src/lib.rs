@@ -43,6 +43,11 @@ pub enum Backend {
     Postgres,
     /// MariaDB / MySQL at `IDEM_TEST_MYSQL_URL`.
     MySql,
+    /// The in-memory database with Redis (`IDEM_TEST_REDIS_URL`) alone
+    /// keeping the records.
+    Redis,
+    /// PostgreSQL behind the Redis gate: the tiered store.
+    PostgresWithRedis,
 }
 
 impl Backend {
@@ -50,12 +55,12 @@ impl Backend {
     /// or failing under `CI=true`) if its server cannot be reached.
     pub async fn database_url(self) -> Option<String> {
         let url = match self {
-            Self::Memory => return Some("memory".into()),
+            Self::Memory | Self::Redis => return Some("memory".into()),
             Self::Sqlite => {
                 let path = std::env::temp_dir().join(format!("idem-orders-{}.db", nonce()));
                 return Some(format!("sqlite://{}", path.display()));
             }
-            Self::Postgres => server_url(
+            Self::Postgres | Self::PostgresWithRedis => server_url(
                 "IDEM_TEST_POSTGRES_URL",
                 "postgres://postgres@127.0.0.1:5432/test",
             ),
@@ -66,10 +71,29 @@ impl Backend {
             .nth(1)
             .and_then(|rest| rest.split('/').next())
             .unwrap_or("127.0.0.1");
-        match tokio::net::TcpStream::connect(addr).await {
-            Ok(_) => Some(url),
-            Err(err) => server_missing(&format!("{self:?}"), &url, err),
+        reachable(&format!("{self:?}"), &url, addr)
+            .await
+            .then_some(url)
+    }
+
+    /// The `--redis` value for this backend, if it has one, or `None` (after
+    /// saying why, or failing under `CI=true`) if Redis cannot be reached.
+    pub async fn redis_url(self) -> Option<Option<String>> {
+        match self {
+            Self::Redis | Self::PostgresWithRedis => {
+                let url = server_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+                let addr = url.trim_start_matches("redis://").to_owned();
+                reachable("Redis", &url, &addr).await.then_some(Some(url))
+            }
+            _ => Some(None),
         }
+    }
+}
+
+async fn reachable(what: &str, url: &str, addr: &str) -> bool {
+    match tokio::net::TcpStream::connect(addr).await {
+        Ok(_) => true,
+        Err(err) => server_missing::<()>(what, url, err).is_some(),
     }
 }
 
@@ -207,9 +231,10 @@ impl Harness {
         configure: impl FnOnce(IdempotencyBuilder) -> IdempotencyBuilder,
     ) -> Option<Self> {
         let url = backend.database_url().await?;
-        let app = App::connect_with(&url, true, configure)
+        let redis = backend.redis_url().await?;
+        let app = App::connect_tiered(&url, redis.as_deref(), true, configure)
             .await
-            .unwrap_or_else(|err| panic!("the orders app on {url}: {err}"));
+            .unwrap_or_else(|err| panic!("the orders app on {url} ({redis:?}): {err}"));
         Some(match via {
             Via::Http => Self::serve_wired(app, wiring).await,
             Via::Oneshot => Self {
@@ -301,5 +326,100 @@ impl Harness {
             json["count"].as_u64().expect("count"),
             json["balance_cents"].as_i64().expect("balance"),
         )
+    }
+}
+
+/// Counting database transactions from PostgreSQL's own statistics.
+pub mod pg_stats {
+    use std::time::{Duration, Instant};
+
+    use idem_tower::core::sql::sqlx::{self, PgPool};
+
+    use super::Backend;
+
+    /// Transactions of one database, as `pg_stat_database` counts them.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Transactions {
+        /// `xact_commit`.
+        pub commits: i64,
+        /// `xact_rollback`.
+        pub rollbacks: i64,
+    }
+
+    /// A database of a measurement's own, and a connection to another one
+    /// to read its statistics from (reading commits nothing there).
+    pub struct PgStats {
+        server: String,
+        database: String,
+        observer: PgPool,
+    }
+
+    impl PgStats {
+        /// Creates `database` if missing; `None` if PostgreSQL is not there
+        /// (a failure under `CI=true`).
+        pub async fn for_database(database: &str) -> Option<Self> {
+            let url = Backend::Postgres.database_url().await?;
+            let server = url
+                .rsplit_once('/')
+                .expect("a URL with a database")
+                .0
+                .to_owned();
+            let observer = PgPool::connect(&format!("{server}/postgres"))
+                .await
+                .expect("an observer connection");
+            let exists: bool =
+                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+                    .bind(database)
+                    .fetch_one(&observer)
+                    .await
+                    .expect("pg_database");
+            if !exists {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
+                    .execute(&observer)
+                    .await
+                    .expect("create the measurement database");
+            }
+            Some(Self {
+                server,
+                database: database.to_owned(),
+                observer,
+            })
+        }
+
+        /// The URL of the measured database.
+        pub fn url(&self) -> String {
+            format!("{}/{}", self.server, self.database)
+        }
+
+        /// The counts once they stop moving. PostgreSQL 15 flushes a
+        /// backend's statistics lazily, up to 10 s late
+        /// (`PGSTAT_IDLE_INTERVAL`), so a reading waits until nothing has
+        /// changed for longer than that.
+        pub async fn settled(&self) -> Transactions {
+            let read = || async {
+                let (commits, rollbacks): (i64, i64) = sqlx::query_as(
+                    "SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = $1",
+                )
+                .bind(&self.database)
+                .fetch_one(&self.observer)
+                .await
+                .expect("pg_stat_database");
+                Transactions { commits, rollbacks }
+            };
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let mut last = read().await;
+            let mut stable_since = Instant::now();
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let now = read().await;
+                if now != last {
+                    last = now;
+                    stable_since = Instant::now();
+                } else if stable_since.elapsed() >= Duration::from_millis(10_500) {
+                    return now;
+                }
+                assert!(Instant::now() < deadline, "pg_stat_database never settled");
+            }
+        }
     }
 }

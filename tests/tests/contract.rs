@@ -13,8 +13,9 @@ use tokio::sync::Barrier;
 
 /// Runs each listed case on every backend (the memory store both over HTTP
 /// and through `oneshot`, each SQL database in transactional mode over
-/// HTTP), once with `#[idempotent]` handlers and once with hand-built
-/// layers, so the two paths cannot drift apart.
+/// HTTP, Redis alone, and PostgreSQL behind the Redis gate), with
+/// `#[idempotent]` handlers and with hand-built layers, so the two paths
+/// cannot drift apart.
 macro_rules! on_every_backend {
     ($($case:ident),* $(,)?) => {
         on_every_backend!(@module memory_attribute_http, Memory, Http, Attribute; $($case),*);
@@ -27,6 +28,9 @@ macro_rules! on_every_backend {
         on_every_backend!(@module postgres_layer_http, Postgres, Http, Layer; $($case),*);
         on_every_backend!(@module mysql_attribute_http, MySql, Http, Attribute; $($case),*);
         on_every_backend!(@module mysql_layer_http, MySql, Http, Layer; $($case),*);
+        on_every_backend!(@module redis_attribute_http, Redis, Http, Attribute; $($case),*);
+        on_every_backend!(@module tiered_attribute_http, PostgresWithRedis, Http, Attribute; $($case),*);
+        on_every_backend!(@module tiered_layer_http, PostgresWithRedis, Http, Layer; $($case),*);
     };
     (@module $module:ident, $backend:ident, $via:ident, $wiring:ident; $($case:ident),*) => {
         mod $module {

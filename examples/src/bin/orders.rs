@@ -17,6 +17,10 @@ struct Args {
     /// `postgres://...` or `mysql://...`.
     #[arg(long, default_value = "sqlite://idem-orders.db")]
     database: String,
+    /// Put a Redis fast gate (`redis://...`) in front of the SQL database
+    /// (with `--database memory`, Redis alone keeps the records).
+    #[arg(long)]
+    redis: Option<String>,
     /// Honour the X-Chaos-Delay-Ms and X-Chaos-Fail request headers.
     #[arg(long)]
     chaos: bool,
@@ -30,10 +34,10 @@ async fn main() -> Result<(), idem_examples::orders::BoxError> {
         )
         .init();
     let args = Args::parse();
-    let app = App::connect(&args.database, args.chaos).await?;
+    let app = App::connect_tiered(&args.database, args.redis.as_deref(), args.chaos, |b| b).await?;
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, database = %args.database, chaos = args.chaos, "orders listening on http://{addr}");
+    tracing::info!(%addr, database = %args.database, redis = ?args.redis, chaos = args.chaos, "orders listening on http://{addr}");
     eprintln!(
         "orders listening on http://{addr}\ntry:\n  curl -i -X POST http://{addr}/orders \\\n    \
          -H 'Idempotency-Key: 8e03978e' -H 'X-Tenant-Id: acme' -H 'Authorization: Bearer alice' \\\n    \

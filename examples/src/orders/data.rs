@@ -16,9 +16,9 @@ use idem_tower::core::sql::sqlx::{
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions},
 };
 
-use super::App;
 use super::db::{Db, Order, Payment, TransitionError};
 use super::sql::{NewOrder, OrdersSql};
+use super::{App, BoxError};
 
 /// The app's data.
 #[derive(Debug, Clone)]
@@ -125,17 +125,29 @@ impl Data {
         )
     }
 
-    /// `WAIT_PAY -> PAID` with one ledger credit; already paid is a success.
+    /// `WAIT_PAY -> PAID` with one ledger credit; already paid is a success,
+    /// refunded is [`TransitionError::Illegal`].
     pub async fn mark_paid(
         &self,
         payment_no: &str,
         amount_cents: i64,
-    ) -> Result<Result<Payment, TransitionError>, sqlx::Error> {
+    ) -> Result<Result<Payment, TransitionError>, BoxError> {
         on_data!(
             self,
             |db| Ok(db.mark_paid(payment_no, amount_cents)),
             |pool: DB| DB::mark_paid(pool, payment_no, amount_cents).await
         )
+    }
+
+    /// `PAID -> REFUNDED` with one ledger reversal; already refunded is a
+    /// success, unpaid is [`TransitionError::Illegal`].
+    pub async fn refund(
+        &self,
+        payment_no: &str,
+    ) -> Result<Result<Payment, TransitionError>, BoxError> {
+        on_data!(self, |db| Ok(db.refund(payment_no)), |pool: DB| {
+            DB::refund(pool, payment_no).await
+        })
     }
 
     /// A payment by number.

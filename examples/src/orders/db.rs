@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use idem_tower::core::guards::LifecycleState;
 use serde::Serialize;
 
 /// What a new user's balance starts at, in cents.
@@ -35,6 +36,25 @@ pub enum PaymentState {
     WaitPay,
     /// The provider confirmed it; the ledger was credited.
     Paid,
+    /// Paid, then refunded: the credit was reversed. A late callback for it
+    /// is a conflict and books nothing.
+    Refunded,
+}
+
+impl LifecycleState for PaymentState {
+    fn as_str(&self) -> &'static str {
+        match self {
+            Self::WaitPay => "WAIT_PAY",
+            Self::Paid => "PAID",
+            Self::Refunded => "REFUNDED",
+        }
+    }
+
+    fn from_stored(text: &str) -> Option<Self> {
+        [Self::WaitPay, Self::Paid, Self::Refunded]
+            .into_iter()
+            .find(|state| state.as_str() == text)
+    }
 }
 
 /// A payment row.
@@ -48,6 +68,8 @@ pub struct Payment {
     pub amount_cents: i64,
     /// Ledger credits booked for it: 1 once paid, never more.
     pub credits: u64,
+    /// Refunds (credit reversals) booked for it: 1 once refunded, never more.
+    pub refunds: u64,
 }
 
 /// Why a payment transition did not apply.
@@ -57,6 +79,9 @@ pub enum TransitionError {
     NotFound,
     /// The callback's amount is not the payment's.
     AmountMismatch,
+    /// The payment is in a state this step may not leave (a callback for a
+    /// refunded payment, a refund of an unpaid one).
+    Illegal(PaymentState),
 }
 
 /// The in-memory database: one lock, so each operation is one transaction.
@@ -133,13 +158,16 @@ impl Db {
                 state: PaymentState::WaitPay,
                 amount_cents,
                 credits: 0,
+                refunds: 0,
             },
         );
         true
     }
 
-    /// Compare-and-set `WAIT_PAY -> PAID`, crediting the ledger once. A
-    /// payment already `PAID` is an idempotent success that books nothing.
+    /// Compare-and-set `WAIT_PAY -> PAID`, crediting the ledger once, with
+    /// the semantics of the SQL state-machine transition: a payment already
+    /// `PAID` is an idempotent success that books nothing; a `REFUNDED` one
+    /// is [`TransitionError::Illegal`].
     pub fn mark_paid(
         &self,
         payment_no: &str,
@@ -153,9 +181,33 @@ impl Db {
         if payment.amount_cents != amount_cents {
             return Err(TransitionError::AmountMismatch);
         }
-        if payment.state == PaymentState::WaitPay {
-            payment.state = PaymentState::Paid;
-            payment.credits += 1;
+        match payment.state {
+            PaymentState::WaitPay => {
+                payment.state = PaymentState::Paid;
+                payment.credits += 1;
+            }
+            PaymentState::Paid => {}
+            other => return Err(TransitionError::Illegal(other)),
+        }
+        Ok(payment.clone())
+    }
+
+    /// Compare-and-set `PAID -> REFUNDED`, reversing the credit once: a
+    /// payment already `REFUNDED` is an idempotent success; one still
+    /// `WAIT_PAY` is [`TransitionError::Illegal`].
+    pub fn refund(&self, payment_no: &str) -> Result<Payment, TransitionError> {
+        let mut t = self.tables.lock().expect("db lock");
+        let payment = t
+            .payments
+            .get_mut(payment_no)
+            .ok_or(TransitionError::NotFound)?;
+        match payment.state {
+            PaymentState::Paid => {
+                payment.state = PaymentState::Refunded;
+                payment.refunds += 1;
+            }
+            PaymentState::Refunded => {}
+            other => return Err(TransitionError::Illegal(other)),
         }
         Ok(payment.clone())
     }

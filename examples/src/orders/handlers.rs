@@ -7,6 +7,7 @@ use axum::Json;
 use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -134,14 +135,44 @@ pub(crate) async fn payment_callback(
             "only PAID callbacks are supported",
         );
     }
+    // A state-machine transition, WAIT_PAY -> PAID, crediting the ledger in
+    // the same transaction: a callback whose idempotency record expired
+    // finds the payment PAID and books nothing.
     match app.data.mark_paid(&payment_no, callback.amount_cents).await {
         Ok(Ok(payment)) => Json(payment).into_response(),
-        Ok(Err(TransitionError::NotFound)) => error(StatusCode::NOT_FOUND, "no such payment"),
-        Ok(Err(TransitionError::AmountMismatch)) => error(
+        Ok(Err(refused)) => transition_refused(refused),
+        Err(err) => internal(err),
+    }
+}
+
+/// `POST /payments/{payment_no}/refund`: `PAID -> REFUNDED`, reversing the
+/// credit once. Idempotent by the transition alone: a second refund finds
+/// the payment refunded and answers 200, booking nothing.
+pub(crate) async fn refund_payment(
+    State(app): State<App>,
+    Path(payment_no): Path<String>,
+) -> Response {
+    match app.data.refund(&payment_no).await {
+        Ok(Ok(payment)) => Json(payment).into_response(),
+        Ok(Err(refused)) => transition_refused(refused),
+        Err(err) => internal(err),
+    }
+}
+
+fn transition_refused(refused: TransitionError) -> Response {
+    match refused {
+        TransitionError::NotFound => error(StatusCode::NOT_FOUND, "no such payment"),
+        TransitionError::AmountMismatch => error(
             StatusCode::UNPROCESSABLE_ENTITY,
             "amount does not match the payment",
         ),
-        Err(err) => internal(err),
+        TransitionError::Illegal(current) => {
+            let state = idem_tower::core::guards::LifecycleState::as_str(&current);
+            error(
+                StatusCode::CONFLICT,
+                &format!("the payment is {state}: this step does not apply"),
+            )
+        }
     }
 }
 
@@ -157,11 +188,26 @@ pub(crate) async fn get_payment(
 }
 
 pub(crate) async fn metrics(State(app): State<App>) -> Response {
-    let body = format!(
+    // idem's own metrics (requests by outcome, claim latency, the tiered
+    // store's counters), when a recorder is installed.
+    let mut body = app
+        .prometheus
+        .as_ref()
+        .map(PrometheusHandle::render)
+        .unwrap_or_default();
+    body.push_str(&format!(
         "# TYPE orders_handler_calls_total counter\norders_handler_calls_total {}\n\
          # TYPE payment_callback_handler_calls_total counter\npayment_callback_handler_calls_total {}\n",
         app.calls.orders(),
         app.calls.callbacks(),
-    );
+    ));
+    body.push_str("# TYPE idem_key_collisions gauge\n");
+    for top in app.idem.top_collisions(10) {
+        let key = top.key.replace('\\', "\\\\").replace('"', "\\\"");
+        body.push_str(&format!(
+            "idem_key_collisions{{key=\"{key}\"}} {}\n",
+            top.count
+        ));
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }

@@ -26,9 +26,13 @@ use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use idem_tower::core::redis::redis::aio::ConnectionManager;
+use idem_tower::core::tiered::TierCounters;
 use idem_tower::{
-    Idempotency, IdempotencyBuilder, MemoryStore, MySqlStore, PgStore, Resolver, SqliteStore,
+    Idempotency, IdempotencyBuilder, IdempotencyStore, MemoryStore, MySqlStore, PgStore,
+    RedisStore, Resolver, SqliteStore, TieredStore,
 };
+use metrics_exporter_prometheus::PrometheusHandle;
 
 pub use data::{Data, Writer};
 pub use db::{Db, Order, Payment, PaymentState, STARTING_BALANCE_CENTS};
@@ -94,6 +98,12 @@ pub struct App {
     pub calls: Arc<Calls>,
     /// Whether the `X-Chaos-*` headers are honoured.
     pub chaos: bool,
+    /// With `--redis`: the tiered store's counters (answered by Redis,
+    /// degraded, fallback caught, breaker transitions).
+    pub tier: Option<Arc<TierCounters>>,
+    /// The Prometheus recorder's handle, when one is installed (the binary
+    /// installs it): `GET /metrics` renders idem's metrics from it.
+    pub prometheus: Option<PrometheusHandle>,
 }
 
 impl App {
@@ -117,26 +127,52 @@ impl App {
         chaos: bool,
         configure: impl FnOnce(IdempotencyBuilder) -> IdempotencyBuilder,
     ) -> Result<Self, BoxError> {
+        Self::connect_tiered(database, None, chaos, configure).await
+    }
+
+    /// [`App::connect_with`], and with `redis` (a `redis://` URL) the Redis
+    /// gate in front of the SQL store; on the `memory` database, Redis alone
+    /// keeps the idempotency records.
+    pub async fn connect_tiered(
+        database: &str,
+        redis: Option<&str>,
+        chaos: bool,
+        configure: impl FnOnce(IdempotencyBuilder) -> IdempotencyBuilder,
+    ) -> Result<Self, BoxError> {
         let data = Data::connect(database).await?;
-        let builder = match &data {
-            Data::Memory(_) => Idempotency::builder(MemoryStore::new()),
+        let gate = match redis {
+            None => None,
+            Some(url) => {
+                let client = idem_tower::core::redis::redis::Client::open(url)?;
+                Some(RedisStore::new(client.get_connection_manager().await?))
+            }
+        };
+        let (builder, tier) = match &data {
+            // Redis alone, no SQL behind it: for trying things out, not for
+            // money (an eviction or a failover forgets keys).
+            Data::Memory(_) => match gate {
+                Some(gate) => (Idempotency::builder(gate), None),
+                None => (Idempotency::builder(MemoryStore::new()), None),
+            },
             Data::Postgres(pool) => {
                 let store = PgStore::new(pool.clone());
                 store.migrate().await?;
-                Idempotency::builder(store)
+                with_gate(store, gate)
             }
             Data::MySql(pool) => {
                 let store = MySqlStore::new(pool.clone());
                 store.migrate().await?;
-                Idempotency::builder(store)
+                with_gate(store, gate)
             }
             Data::Sqlite(pool) => {
                 let store = SqliteStore::new(pool.clone());
                 store.migrate().await?;
-                Idempotency::builder(store)
+                with_gate(store, gate)
             }
         };
-        Ok(Self::assemble(data, configure(builder), chaos))
+        let mut app = Self::assemble(data, configure(builder), chaos);
+        app.tier = tier;
+        Ok(app)
     }
 
     fn assemble(data: Data, builder: IdempotencyBuilder, chaos: bool) -> Self {
@@ -149,6 +185,8 @@ impl App {
             idem,
             calls: Arc::default(),
             chaos,
+            tier: None,
+            prometheus: None,
         }
     }
 
@@ -185,6 +223,10 @@ impl App {
             )
             .route("/payments", post(handlers::create_payment))
             .route("/payments/{payment_no}/callback", callback)
+            .route(
+                "/payments/{payment_no}/refund",
+                post(handlers::refund_payment),
+            )
             .route("/payments/{payment_no}", get(handlers::get_payment))
             .route("/metrics", get(handlers::metrics))
             .with_state(self.clone())
@@ -202,6 +244,21 @@ impl App {
             _ => layer
                 .transactional()
                 .expect("the SQL stores are transactional"),
+        }
+    }
+}
+
+/// The handle's builder on `truth`, behind `gate` if there is one.
+fn with_gate<T: IdempotencyStore>(
+    truth: T,
+    gate: Option<RedisStore<ConnectionManager>>,
+) -> (IdempotencyBuilder, Option<Arc<TierCounters>>) {
+    match gate {
+        None => (Idempotency::builder(truth), None),
+        Some(gate) => {
+            let tiered = TieredStore::new(gate, truth);
+            let counters = tiered.counters();
+            (Idempotency::builder(tiered), Some(counters))
         }
     }
 }

@@ -3,15 +3,31 @@
 //! The order insert and the balance debit take a connection, so they run in
 //! whatever transaction they are given: on `POST /orders`, the idempotency
 //! claim's own (`Tx`), which commits them with the stored response.
+//!
+//! Payments move through their lifecycle with idem's state-machine guard
+//! ([`StateMachine`]): `WAIT_PAY -> PAID` on the provider's callback,
+//! `PAID -> REFUNDED` on a refund, each a compare-and-set in the same
+//! transaction as its ledger entry. That holds even when the callback's
+//! idempotency record has expired: the transition finds the payment already
+//! `PAID` and books nothing.
 
 use std::future::Future;
+use std::sync::LazyLock;
 
+use idem_tower::core::guards::{LifecycleState, StateMachine, Transition};
 use idem_tower::core::sql::sqlx::{
     self, AssertSqlSafe, MySql, Pool, Postgres, Row, Sqlite, mysql::MySqlConnection,
     postgres::PgConnection, sqlite::SqliteConnection,
 };
 
+use super::BoxError;
 use super::db::{Order, Payment, PaymentState, STARTING_BALANCE_CENTS, TransitionError};
+
+/// The payments lifecycle: `orders_payments.state`, keyed by `payment_no`.
+static PAYMENTS: LazyLock<StateMachine<PaymentState>> = LazyLock::new(|| {
+    StateMachine::new("orders_payments", "payment_no", "state")
+        .expect("constant identifiers are valid")
+});
 
 /// A new order, as the handler validated it.
 #[derive(Debug, Clone)]
@@ -49,13 +65,19 @@ pub trait OrdersSql: sqlx::Database {
         payment_no: &str,
         amount_cents: i64,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
-    /// Compare-and-set `WAIT_PAY -> PAID` and one ledger credit, in one
-    /// transaction; zero rows updated is resolved by re-reading.
+    /// Transition `WAIT_PAY -> PAID` and one ledger credit, in one
+    /// transaction; already `PAID` is a success that books nothing.
     fn mark_paid(
         pool: &Pool<Self>,
         payment_no: &str,
         amount_cents: i64,
-    ) -> impl Future<Output = Result<Result<Payment, TransitionError>, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<Result<Payment, TransitionError>, BoxError>> + Send;
+    /// Transition `PAID -> REFUNDED` and one ledger reversal, in one
+    /// transaction; already `REFUNDED` is a success that books nothing.
+    fn refund(
+        pool: &Pool<Self>,
+        payment_no: &str,
+    ) -> impl Future<Output = Result<Result<Payment, TransitionError>, BoxError>> + Send;
     /// A payment with its ledger credit count.
     fn payment(
         pool: &Pool<Self>,
@@ -79,10 +101,17 @@ fn order_from(
     })
 }
 
-fn payment_state(state: &str) -> PaymentState {
-    match state {
-        "PAID" => PaymentState::Paid,
-        _ => PaymentState::WaitPay,
+fn payment_state(state: &str) -> Result<PaymentState, sqlx::Error> {
+    PaymentState::from_stored(state)
+        .ok_or_else(|| sqlx::Error::Decode(format!("unknown payment state {state:?}").into()))
+}
+
+/// What a transition that did not apply means for the caller.
+fn refused(moved: Transition<PaymentState>) -> Option<TransitionError> {
+    match moved {
+        Transition::Applied | Transition::AlreadyInTarget => None,
+        Transition::Illegal { current } => Some(TransitionError::Illegal(current)),
+        Transition::NotFound => Some(TransitionError::NotFound),
     }
 }
 
@@ -131,17 +160,29 @@ macro_rules! shared_queries {
             pool: &Pool<Self>,
             payment_no: &str,
             amount_cents: i64,
-        ) -> Result<Result<Payment, TransitionError>, sqlx::Error> {
+        ) -> Result<Result<Payment, TransitionError>, BoxError> {
             let mut tx = pool.begin().await?;
-            let moved = sqlx::query(AssertSqlSafe($params(
-                "UPDATE orders_payments SET state = 'PAID' \
-                 WHERE payment_no = $1 AND state = 'WAIT_PAY' AND amount_cents = $2",
+            // The amount never changes, so reading it first races nothing.
+            let expected: Option<i64> = sqlx::query_scalar(AssertSqlSafe($params(
+                "SELECT amount_cents FROM orders_payments WHERE payment_no = $1",
             )))
             .bind(payment_no)
-            .bind(amount_cents)
-            .execute(&mut *tx)
+            .fetch_optional(&mut *tx)
             .await?;
-            if moved.rows_affected() == 1 {
+            match expected {
+                None => return Ok(Err(TransitionError::NotFound)),
+                Some(expected) if expected != amount_cents => {
+                    return Ok(Err(TransitionError::AmountMismatch));
+                }
+                Some(_) => {}
+            }
+            let moved = PAYMENTS
+                .transition(&mut *tx, payment_no, &[PaymentState::WaitPay], PaymentState::Paid)
+                .await?;
+            if let Some(refused) = refused(moved) {
+                return Ok(Err(refused));
+            }
+            if moved == Transition::Applied {
                 sqlx::query(AssertSqlSafe($params(
                     "INSERT INTO orders_ledger (payment_no, amount_cents) VALUES ($1, $2)",
                 )))
@@ -151,13 +192,44 @@ macro_rules! shared_queries {
                 .await?;
             }
             tx.commit().await?;
-            resolve_paid(Self::payment(pool, payment_no).await?, amount_cents)
+            Ok(Self::payment(pool, payment_no)
+                .await?
+                .ok_or(TransitionError::NotFound))
+        }
+
+        async fn refund(
+            pool: &Pool<Self>,
+            payment_no: &str,
+        ) -> Result<Result<Payment, TransitionError>, BoxError> {
+            let mut tx = pool.begin().await?;
+            let moved = PAYMENTS
+                .transition(&mut *tx, payment_no, &[PaymentState::Paid], PaymentState::Refunded)
+                .await?;
+            if let Some(refused) = refused(moved) {
+                return Ok(Err(refused));
+            }
+            if moved == Transition::Applied {
+                sqlx::query(AssertSqlSafe($params(
+                    "INSERT INTO orders_ledger (payment_no, amount_cents) \
+                     SELECT payment_no, -amount_cents FROM orders_payments WHERE payment_no = $1",
+                )))
+                .bind(payment_no)
+                .execute(&mut *tx)
+                .await?;
+            }
+            tx.commit().await?;
+            Ok(Self::payment(pool, payment_no)
+                .await?
+                .ok_or(TransitionError::NotFound))
         }
 
         async fn payment(pool: &Pool<Self>, payment_no: &str) -> Result<Option<Payment>, sqlx::Error> {
             let row = sqlx::query(AssertSqlSafe($params(
                 "SELECT p.state, p.amount_cents, \
-                   (SELECT COUNT(*) FROM orders_ledger l WHERE l.payment_no = p.payment_no) \
+                   (SELECT COUNT(*) FROM orders_ledger l \
+                     WHERE l.payment_no = p.payment_no AND l.amount_cents >= 0), \
+                   (SELECT COUNT(*) FROM orders_ledger l \
+                     WHERE l.payment_no = p.payment_no AND l.amount_cents < 0) \
                  FROM orders_payments p WHERE p.payment_no = $1",
             )))
             .bind(payment_no)
@@ -166,9 +238,10 @@ macro_rules! shared_queries {
             row.map(|r| {
                 Ok(Payment {
                     payment_no: payment_no.to_owned(),
-                    state: payment_state(r.try_get::<String, _>(0)?.as_str()),
+                    state: payment_state(r.try_get::<String, _>(0)?.as_str())?,
                     amount_cents: r.try_get(1)?,
                     credits: r.try_get::<i64, _>(2)? as u64,
+                    refunds: r.try_get::<i64, _>(3)? as u64,
                 })
             })
             .transpose()
@@ -238,19 +311,6 @@ macro_rules! returning_dialect {
             shared_queries!($params);
         }
     };
-}
-
-/// The re-read that resolves a CAS that moved nothing: already `PAID` with
-/// the same amount is an idempotent success.
-fn resolve_paid(
-    payment: Option<Payment>,
-    amount_cents: i64,
-) -> Result<Result<Payment, TransitionError>, sqlx::Error> {
-    Ok(match payment {
-        None => Err(TransitionError::NotFound),
-        Some(p) if p.amount_cents != amount_cents => Err(TransitionError::AmountMismatch),
-        Some(p) => Ok(p),
-    })
 }
 
 const POSTGRES_SCHEMA: &str = "

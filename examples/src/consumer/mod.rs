@@ -1,0 +1,463 @@
+//! An idempotent consumer on NATS JetStream: each transfer message credits
+//! an account exactly once, however often the broker delivers it and however
+//! often the producer re-publishes it.
+//!
+//! At-least-once delivery plus an idem [`Inbox`] is effectively-once: the
+//! inbox row (unique on the message id and, separately, on the transfer id)
+//! commits in the same transaction as the ledger entry and the balance
+//! update. A duplicate is acknowledged and skipped; a handler error rolls
+//! everything back and is negatively acknowledged, so JetStream delivers the
+//! message again; a crash before the commit leaves nothing, a crash after it
+//! leaves the inbox row, so the redelivery is skipped.
+//!
+//! Why JetStream rather than RabbitMQ: a *durable pull consumer* keeps the
+//! delivery state (what was acknowledged) on the server, and with explicit
+//! acknowledgement and `ack_wait` every message a killed process had
+//! received but not acknowledged is redelivered to whichever process pulls
+//! next, with no client-side bookkeeping; the consumer pulls at its own pace
+//! (no prefetch to tune), and `async-nats` is pure Rust on tokio. RabbitMQ
+//! (via `lapin`) would work the same way with manual acks; nothing here
+//! depends on JetStream's own publish dedup (`Nats-Msg-Id`), which only
+//! covers a time window and never a re-publication under a new id.
+//!
+//! Run it: `cargo run -p idem-examples --bin consumer -- --help`.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind, consumer::pull, stream};
+use futures_util::StreamExt;
+use idem_tower::core::guards::{GuardDb, Inbox, ProcessError, Processed};
+use idem_tower::core::sql::sqlx::{
+    self, AssertSqlSafe, MySql, MySqlPool, PgPool, Postgres, Sqlite, SqlitePool,
+    mysql::{MySqlConnection, MySqlPoolOptions},
+    postgres::{PgConnection, PgPoolOptions},
+    sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions},
+};
+use serde::{Deserialize, Serialize};
+
+/// Anything that went wrong.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The header carrying the producer's message id. Not JetStream's
+/// `Nats-Msg-Id`: that would make the broker drop duplicates inside its
+/// window, and the point here is that the consumer needs no such help.
+pub const MESSAGE_ID_HEADER: &str = "Idem-Message-Id";
+
+/// A transfer: credit `amount_cents` to `account`, once per `transfer_id`
+/// (the business id).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Transfer {
+    /// The business id: one credit per transfer, whatever the message id.
+    pub transfer_id: String,
+    /// The account credited.
+    pub account: String,
+    /// How much.
+    pub amount_cents: i64,
+}
+
+/// How the consumer runs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// `nats://HOST:PORT`.
+    pub nats: String,
+    /// The stream; created (file storage) if missing.
+    pub stream: String,
+    /// The subject the stream captures and the consumer filters.
+    pub subject: String,
+    /// The durable consumer's name, and the inbox's consumer name.
+    pub durable: String,
+    /// How long JetStream waits for an acknowledgement before redelivering.
+    pub ack_wait: Duration,
+    /// How many messages are handled at once.
+    pub concurrency: usize,
+    /// Chaos: the percentage of handler runs that fail after their writes
+    /// (which roll back; the message is redelivered).
+    pub chaos_fail_percent: u8,
+    /// Chaos: how long a handler sleeps between its writes and its commit.
+    pub chaos_delay: Duration,
+}
+
+/// The ledger database: accounts, ledger entries and the inbox.
+#[derive(Debug, Clone)]
+pub enum Ledger {
+    /// PostgreSQL.
+    Postgres(PgPool),
+    /// MySQL or MariaDB.
+    MySql(MySqlPool),
+    /// A SQLite file.
+    Sqlite(SqlitePool),
+}
+
+/// What the ledger holds for a set of accounts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Summary {
+    /// Ledger entries.
+    pub entries: i64,
+    /// Distinct transfers among them.
+    pub transfers: i64,
+    /// The sum of the entries.
+    pub credited_cents: i64,
+    /// The sum of the accounts' balances.
+    pub balance_cents: i64,
+}
+
+/// The ledger's statements, once per database (concrete connection types,
+/// no higher-ranked executor bounds).
+pub trait LedgerSql: GuardDb {
+    /// Creates the ledger tables if missing.
+    fn migrate(pool: &sqlx::Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+    /// Books `transfer`: a ledger entry and a relative balance update (safe
+    /// only because the inbox runs it once).
+    fn credit(
+        conn: &mut Self::Connection,
+        transfer: &Transfer,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+    /// The ledger of accounts whose name starts with `prefix`.
+    fn summary(
+        pool: &sqlx::Pool<Self>,
+        prefix: &str,
+    ) -> impl Future<Output = Result<Summary, sqlx::Error>> + Send;
+}
+
+const SUMMARY: &str = "SELECT \
+    (SELECT COUNT(*) FROM consumer_ledger WHERE account LIKE $1), \
+    (SELECT COUNT(DISTINCT transfer_id) FROM consumer_ledger WHERE account LIKE $1), \
+    (SELECT CAST(COALESCE(SUM(amount_cents), 0) AS BIGINT) FROM consumer_ledger WHERE account LIKE $1), \
+    (SELECT CAST(COALESCE(SUM(balance_cents), 0) AS BIGINT) FROM consumer_accounts WHERE account LIKE $1)";
+
+macro_rules! ledger_sql {
+    ($db:ty, $conn:ty, $schema:expr, $params:expr, $upsert:expr) => {
+        impl LedgerSql for $db {
+            async fn migrate(pool: &sqlx::Pool<Self>) -> Result<(), sqlx::Error> {
+                sqlx::raw_sql($schema).execute(pool).await.map(drop)
+            }
+
+            async fn credit(conn: &mut $conn, t: &Transfer) -> Result<(), sqlx::Error> {
+                sqlx::query(AssertSqlSafe($params(
+                    "INSERT INTO consumer_ledger (transfer_id, account, amount_cents) \
+                     VALUES ($1, $2, $3)",
+                )))
+                .bind(&t.transfer_id)
+                .bind(&t.account)
+                .bind(t.amount_cents)
+                .execute(&mut *conn)
+                .await?;
+                sqlx::query(AssertSqlSafe($params($upsert)))
+                    .bind(&t.account)
+                    .bind(t.amount_cents)
+                    .execute(&mut *conn)
+                    .await
+                    .map(drop)
+            }
+
+            async fn summary(
+                pool: &sqlx::Pool<Self>,
+                prefix: &str,
+            ) -> Result<Summary, sqlx::Error> {
+                let pattern = format!("{prefix}%");
+                let mut query =
+                    sqlx::query_as::<_, (i64, i64, i64, i64)>(AssertSqlSafe($params(SUMMARY)));
+                // MySQL's `?` takes one value per occurrence.
+                for _ in 0..$params(SUMMARY).matches('?').count().max(1) {
+                    query = query.bind(pattern.clone());
+                }
+                let (entries, transfers, credited_cents, balance_cents) =
+                    query.fetch_one(pool).await?;
+                Ok(Summary {
+                    entries,
+                    transfers,
+                    credited_cents,
+                    balance_cents,
+                })
+            }
+        }
+    };
+}
+
+const POSTGRES_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS consumer_accounts (
+    account TEXT PRIMARY KEY, balance_cents BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS consumer_ledger (
+    entry_id BIGSERIAL PRIMARY KEY, transfer_id TEXT NOT NULL, account TEXT NOT NULL,
+    amount_cents BIGINT NOT NULL);
+";
+
+const SQLITE_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS consumer_accounts (
+    account TEXT PRIMARY KEY, balance_cents INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS consumer_ledger (
+    entry_id INTEGER PRIMARY KEY AUTOINCREMENT, transfer_id TEXT NOT NULL,
+    account TEXT NOT NULL, amount_cents INTEGER NOT NULL);
+";
+
+const MYSQL_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS consumer_accounts (
+    account VARCHAR(255) PRIMARY KEY, balance_cents BIGINT NOT NULL) ENGINE = InnoDB;
+CREATE TABLE IF NOT EXISTS consumer_ledger (
+    entry_id BIGINT AUTO_INCREMENT PRIMARY KEY, transfer_id VARCHAR(255) NOT NULL,
+    account VARCHAR(255) NOT NULL, amount_cents BIGINT NOT NULL,
+    INDEX consumer_ledger_account (account)) ENGINE = InnoDB;
+";
+
+const RETURNING_UPSERT: &str = "INSERT INTO consumer_accounts (account, balance_cents) \
+     VALUES ($1, $2) ON CONFLICT (account) \
+     DO UPDATE SET balance_cents = consumer_accounts.balance_cents + excluded.balance_cents";
+
+/// `$1`, `$2`, ... as MySQL's `?`, one per occurrence.
+fn positional(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '$' && chars.peek().is_some_and(char::is_ascii_digit) {
+            while chars.peek().is_some_and(char::is_ascii_digit) {
+                chars.next();
+            }
+            out.push('?');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+ledger_sql!(
+    Postgres,
+    PgConnection,
+    POSTGRES_SCHEMA,
+    |sql: &str| sql.to_owned(),
+    RETURNING_UPSERT
+);
+ledger_sql!(
+    Sqlite,
+    SqliteConnection,
+    SQLITE_SCHEMA,
+    positional,
+    RETURNING_UPSERT
+);
+ledger_sql!(
+    MySql,
+    MySqlConnection,
+    MYSQL_SCHEMA,
+    |sql: &str| positional(&sql.replace("AS BIGINT", "AS SIGNED")),
+    "INSERT INTO consumer_accounts (account, balance_cents) VALUES ($1, $2) \
+     ON DUPLICATE KEY UPDATE balance_cents = balance_cents + VALUES(balance_cents)"
+);
+
+/// Runs `$body` with `$pool` bound to the ledger's pool and `$db` to its
+/// database type.
+macro_rules! on_ledger {
+    ($ledger:expr, |$pool:ident: $db:ident| $body:expr) => {
+        match $ledger {
+            Ledger::Postgres($pool) => {
+                type $db = Postgres;
+                $body
+            }
+            Ledger::MySql($pool) => {
+                type $db = MySql;
+                $body
+            }
+            Ledger::Sqlite($pool) => {
+                type $db = Sqlite;
+                $body
+            }
+        }
+    };
+}
+
+impl Ledger {
+    /// Connects to `database` (`sqlite://PATH`, `postgres://...` or
+    /// `mysql://...`) and creates the ledger tables if missing.
+    pub async fn connect(database: &str) -> Result<Self, BoxError> {
+        let ledger = if database.starts_with("postgres://") || database.starts_with("postgresql://")
+        {
+            Self::Postgres(
+                PgPoolOptions::new()
+                    .max_connections(16)
+                    .connect(database)
+                    .await?,
+            )
+        } else if database.starts_with("mysql://") || database.starts_with("mariadb://") {
+            let url = database.replacen("mariadb://", "mysql://", 1);
+            Self::MySql(
+                MySqlPoolOptions::new()
+                    .max_connections(16)
+                    .connect(&url)
+                    .await?,
+            )
+        } else if database.starts_with("sqlite:") {
+            let options = SqliteConnectOptions::from_str(database)?
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .busy_timeout(Duration::from_secs(10));
+            Self::Sqlite(
+                SqlitePoolOptions::new()
+                    .max_connections(4)
+                    .connect_with(options)
+                    .await?,
+            )
+        } else {
+            return Err(format!(
+                "unsupported database {database:?}: use sqlite://PATH, postgres://... or mysql://..."
+            )
+            .into());
+        };
+        on_ledger!(&ledger, |pool: DB| DB::migrate(pool).await)?;
+        Ok(ledger)
+    }
+
+    /// The ledger of accounts whose name starts with `prefix`.
+    pub async fn summary(&self, prefix: &str) -> Result<Summary, BoxError> {
+        Ok(on_ledger!(self, |pool: DB| DB::summary(pool, prefix).await)?)
+    }
+}
+
+/// Publishes `transfer` to `subject` with message id `message_id`, and waits
+/// for JetStream to store it.
+pub async fn publish(
+    js: &jetstream::Context,
+    subject: &str,
+    message_id: &str,
+    transfer: &Transfer,
+) -> Result<(), BoxError> {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(MESSAGE_ID_HEADER, message_id);
+    let payload = serde_json::to_vec(transfer)?;
+    js.publish_with_headers(subject.to_owned(), headers, payload.into())
+        .await?
+        .await?;
+    Ok(())
+}
+
+/// The stream, created with file storage if missing.
+pub async fn stream(
+    js: &jetstream::Context,
+    name: &str,
+    subject: &str,
+) -> Result<stream::Stream, BoxError> {
+    Ok(js
+        .get_or_create_stream(stream::Config {
+            name: name.to_owned(),
+            subjects: vec![subject.to_owned()],
+            ..Default::default()
+        })
+        .await?)
+}
+
+/// Consumes until the message stream ends or the broker fails: each
+/// message handled in an inbox transaction, then acknowledged.
+pub async fn run(settings: Settings, ledger: Ledger) -> Result<(), BoxError> {
+    let client = async_nats::connect(&settings.nats).await?;
+    let js = jetstream::new(client);
+    let stream = stream(&js, &settings.stream, &settings.subject).await?;
+    let consumer: pull::Stream = stream
+        .get_or_create_consumer(
+            &settings.durable,
+            pull::Config {
+                durable_name: Some(settings.durable.clone()),
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                ack_wait: settings.ack_wait,
+                filter_subject: settings.subject.clone(),
+                ..Default::default()
+            },
+        )
+        .await?
+        .messages()
+        .await?;
+    let settings = Arc::new(settings);
+    on_ledger!(ledger, |pool: DB| {
+        let inbox = Inbox::<DB>::new(pool, &settings.durable)?;
+        inbox.migrate().await?;
+        eprintln!("consumer ready: {}", settings.durable);
+        consumer
+            .for_each_concurrent(settings.concurrency.max(1), |message| {
+                let (inbox, settings) = (inbox.clone(), settings.clone());
+                async move {
+                    match message {
+                        Ok(message) => handle(&inbox, &settings, message).await,
+                        Err(err) => tracing::warn!(%err, "pulling a message failed"),
+                    }
+                }
+            })
+            .await;
+    });
+    Err("the JetStream message stream ended".into())
+}
+
+/// One delivery: through the inbox, then the acknowledgement that matches.
+async fn handle<DB: LedgerSql>(
+    inbox: &Inbox<DB>,
+    settings: &Settings,
+    message: jetstream::Message,
+) {
+    let sequence = message
+        .info()
+        .map(|info| info.stream_sequence)
+        .unwrap_or_default();
+    let message_id = message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(MESSAGE_ID_HEADER))
+        .map(|v| v.as_str().to_owned())
+        .unwrap_or_else(|| format!("{}:{sequence}", settings.stream));
+    let transfer: Transfer = match serde_json::from_slice(&message.payload) {
+        Ok(transfer) => transfer,
+        Err(err) => {
+            // Poison: redelivering cannot help. Terminate it (a real
+            // consumer would dead-letter it).
+            tracing::error!(%err, %message_id, "not a transfer; terminating the message");
+            ack(&message, AckKind::Term).await;
+            return;
+        }
+    };
+    let (fail_percent, delay) = (settings.chaos_fail_percent, settings.chaos_delay);
+    let outcome = inbox
+        .process(&message_id, &transfer.transfer_id, |conn| {
+            let transfer = transfer.clone();
+            Box::pin(async move {
+                DB::credit(conn, &transfer).await?;
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
+                if fail_percent > 0 && rand::random_range(0..100u8) < fail_percent {
+                    return Err::<(), BoxError>("chaos: failing after the writes".into());
+                }
+                Ok(())
+            })
+        })
+        .await;
+    match outcome {
+        Ok(Processed::Done(())) => ack(&message, AckKind::Ack).await,
+        Ok(Processed::Skipped(of)) => {
+            tracing::info!(%message_id, transfer = %transfer.transfer_id, ?of, "duplicate skipped");
+            ack(&message, AckKind::Ack).await;
+        }
+        Err(ProcessError::Failed(err)) => {
+            tracing::warn!(%err, %message_id, "handler failed; rolled back, asking for redelivery");
+            ack(&message, AckKind::Nak(Some(Duration::from_millis(100)))).await;
+        }
+        Err(ProcessError::Inbox(err)) => {
+            tracing::warn!(%err, %message_id, "inbox failed; asking for redelivery");
+            ack(&message, AckKind::Nak(Some(Duration::from_millis(500)))).await;
+        }
+    }
+}
+
+async fn ack(message: &jetstream::Message, kind: AckKind) {
+    // A lost acknowledgement only means a redelivery, which the inbox skips.
+    if let Err(err) = message.ack_with(kind).await {
+        tracing::warn!(%err, "acknowledgement failed; the message will be redelivered");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn positional_parameters_for_mysql() {
+        assert_eq!(
+            super::positional("a LIKE $1 AND b LIKE $1"),
+            "a LIKE ? AND b LIKE ?"
+        );
+    }
+}
