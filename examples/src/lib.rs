@@ -4,3 +4,4 @@
 
 pub mod consumer;
 pub mod orders;
+pub mod sql_pool;

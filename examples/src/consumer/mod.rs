@@ -22,18 +22,16 @@
 //!
 //! Run it: `cargo run -p idem-examples --bin consumer -- --help`.
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::sql_pool::SqlPool;
 use async_nats::jetstream::{self, AckKind, consumer::pull, stream};
 use futures_util::StreamExt;
 use idem_tower::core::guards::{GuardDb, Inbox, ProcessError, Processed};
 use idem_tower::core::sql::sqlx::{
     self, AssertSqlSafe, MySql, MySqlPool, PgPool, Postgres, Sqlite, SqlitePool,
-    mysql::{MySqlConnection, MySqlPoolOptions},
-    postgres::{PgConnection, PgPoolOptions},
-    sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions},
+    mysql::MySqlConnection, postgres::PgConnection, sqlite::SqliteConnection,
 };
 use serde::{Deserialize, Serialize};
 
@@ -270,38 +268,10 @@ impl Ledger {
     /// Connects to `database` (`sqlite://PATH`, `postgres://...` or
     /// `mysql://...`) and creates the ledger tables if missing.
     pub async fn connect(database: &str) -> Result<Self, BoxError> {
-        let ledger = if database.starts_with("postgres://") || database.starts_with("postgresql://")
-        {
-            Self::Postgres(
-                PgPoolOptions::new()
-                    .max_connections(16)
-                    .connect(database)
-                    .await?,
-            )
-        } else if database.starts_with("mysql://") || database.starts_with("mariadb://") {
-            let url = database.replacen("mariadb://", "mysql://", 1);
-            Self::MySql(
-                MySqlPoolOptions::new()
-                    .max_connections(16)
-                    .connect(&url)
-                    .await?,
-            )
-        } else if database.starts_with("sqlite:") {
-            let options = SqliteConnectOptions::from_str(database)?
-                .create_if_missing(true)
-                .journal_mode(SqliteJournalMode::Wal)
-                .busy_timeout(Duration::from_secs(10));
-            Self::Sqlite(
-                SqlitePoolOptions::new()
-                    .max_connections(4)
-                    .connect_with(options)
-                    .await?,
-            )
-        } else {
-            return Err(format!(
-                "unsupported database {database:?}: use sqlite://PATH, postgres://... or mysql://..."
-            )
-            .into());
+        let ledger = match SqlPool::connect(database, 16).await? {
+            SqlPool::Postgres(pool) => Self::Postgres(pool),
+            SqlPool::MySql(pool) => Self::MySql(pool),
+            SqlPool::Sqlite(pool) => Self::Sqlite(pool),
         };
         on_ledger!(&ledger, |pool: DB| DB::migrate(pool).await)?;
         Ok(ledger)

@@ -1,20 +1,15 @@
 //! Where the app keeps its data: in memory, or in one of the SQL databases
 //! (which then also hold the idempotency records).
 
-use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use idem_tower::Tx;
-use idem_tower::core::sql::sqlx::{
-    self, MySql, MySqlPool, PgPool, Postgres, Sqlite, SqlitePool,
-    mysql::MySqlPoolOptions,
-    postgres::PgPoolOptions,
-    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions},
-};
+use idem_tower::core::sql::sqlx::{self, MySql, MySqlPool, PgPool, Postgres, Sqlite, SqlitePool};
+
+use crate::sql_pool::SqlPool;
 
 use super::db::{Db, Order, Payment, TransitionError};
 use super::sql::{NewOrder, OrdersSql};
@@ -60,42 +55,13 @@ impl Data {
     /// missing), `postgres://...` or `mysql://...`, and creates the app's
     /// tables there.
     pub async fn connect(database: &str) -> Result<Self, sqlx::Error> {
-        let data = if database == "memory" {
+        if database == "memory" {
             return Ok(Self::Memory(Arc::default()));
-        } else if database.starts_with("postgres://") || database.starts_with("postgresql://") {
-            Self::Postgres(
-                PgPoolOptions::new()
-                    .max_connections(64)
-                    .connect(database)
-                    .await?,
-            )
-        } else if database.starts_with("mysql://") || database.starts_with("mariadb://") {
-            let url = database.replacen("mariadb://", "mysql://", 1);
-            Self::MySql(
-                MySqlPoolOptions::new()
-                    .max_connections(64)
-                    .connect(&url)
-                    .await?,
-            )
-        } else if database.starts_with("sqlite:") {
-            let options = SqliteConnectOptions::from_str(database)?
-                .create_if_missing(true)
-                .journal_mode(SqliteJournalMode::Wal)
-                .busy_timeout(Duration::from_secs(5));
-            Self::Sqlite(
-                SqlitePoolOptions::new()
-                    .max_connections(8)
-                    .connect_with(options)
-                    .await?,
-            )
-        } else {
-            return Err(sqlx::Error::Configuration(
-                format!(
-                    "unsupported database {database:?}: use memory, sqlite://PATH, \
-                     postgres://... or mysql://..."
-                )
-                .into(),
-            ));
+        }
+        let data = match SqlPool::connect(database, 64).await? {
+            SqlPool::Postgres(pool) => Self::Postgres(pool),
+            SqlPool::MySql(pool) => Self::MySql(pool),
+            SqlPool::Sqlite(pool) => Self::Sqlite(pool),
         };
         on_data!(&data, |_db| Ok(()), |pool: DB| DB::migrate(pool).await)?;
         Ok(data)
