@@ -129,7 +129,12 @@ fn decode_outcome(buf: &mut &[u8]) -> Result<Outcome, DecodeError> {
             let status =
                 StatusCode::from_u16(take_u16(buf)?).map_err(|_| DecodeError::Invalid("status"))?;
             let count = take_u16(buf)?;
-            let mut headers = HeaderMap::with_capacity(usize::from(count));
+            // Each header takes at least 7 bytes (2 + name + 4 + value), so
+            // the bytes present bound the count whatever the input claims;
+            // the fallible calls turn http's own limits into errors.
+            let capacity = usize::from(count).min(buf.len() / 7);
+            let mut headers = HeaderMap::try_with_capacity(capacity)
+                .map_err(|_| DecodeError::Invalid("header count"))?;
             for _ in 0..count {
                 let len = usize::from(take_u16(buf)?);
                 let name = HeaderName::from_bytes(take_slice(buf, len)?)
@@ -137,7 +142,9 @@ fn decode_outcome(buf: &mut &[u8]) -> Result<Outcome, DecodeError> {
                 let len = take_u32(buf)? as usize;
                 let value = HeaderValue::from_bytes(take_slice(buf, len)?)
                     .map_err(|_| DecodeError::Invalid("header value"))?;
-                headers.append(name, value);
+                headers
+                    .try_append(name, value)
+                    .map_err(|_| DecodeError::Invalid("header count"))?;
             }
             let len = take_u32(buf)? as usize;
             let body = Bytes::copy_from_slice(take_slice(buf, len)?);
@@ -289,6 +296,20 @@ mod tests {
         expected.extend_from_slice(&in_flight[18..50]);
         expected.extend_from_slice(&outcome.encode());
         assert_eq!(&completed[..], &expected[..]);
+    }
+
+    /// Found by the `record_decode` fuzz target: a header count over what
+    /// `HeaderMap` can hold made `with_capacity` panic.
+    #[test]
+    fn a_header_count_over_http_capacity_is_an_error_not_a_panic() {
+        assert_eq!(
+            Outcome::decode(b"R\x00\xc8\x60\x01"),
+            Err(DecodeError::Truncated)
+        );
+        let mut record = b"\x01C".to_vec();
+        record.extend([0; 32]);
+        record.extend(b"R\x00\xc8\xff\xff");
+        assert_eq!(Record::decode(&record), Err(DecodeError::Truncated));
     }
 
     #[test]
