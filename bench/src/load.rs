@@ -1,0 +1,361 @@
+//! The load generator: closed-loop HTTP/1.1 keep-alive connections over
+//! loopback, one request in flight per connection (no pipelining), latency
+//! recorded per request in an HDR histogram.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::sync::Barrier;
+
+/// The request body every scenario sends.
+pub(crate) const ORDER: &str = r#"{"sku":"SKU-0042","qty":2,"amount_cents":1299}"#;
+
+/// Where one connection's `Idempotency-Key` values come from.
+#[derive(Debug, Clone)]
+pub(crate) enum Keys {
+    /// A fresh key per request: `{prefix}-{connection}-{sequence}`.
+    Unique(String),
+    /// The same key on every request (a completed key: replays).
+    Fixed(HeaderValue),
+}
+
+/// What a response must be to count as expected.
+#[derive(Debug, Clone)]
+pub(crate) enum Expect {
+    /// `201`, not marked as a replay by `replay_header`.
+    Created { replay_header: HeaderName },
+    /// `201`, marked as a replay: `replay_header: true`.
+    Replayed { replay_header: HeaderName },
+}
+
+impl Expect {
+    fn accepts(&self, status: StatusCode, headers: &HeaderMap) -> bool {
+        match self {
+            Self::Created { replay_header } => {
+                status == StatusCode::CREATED && !headers.contains_key(replay_header)
+            }
+            Self::Replayed { replay_header } => {
+                status == StatusCode::CREATED
+                    && headers.get(replay_header).is_some_and(|v| v == "true")
+            }
+        }
+    }
+}
+
+/// What one connection sends.
+#[derive(Debug, Clone)]
+pub(crate) struct ConnSpec {
+    pub(crate) keys: Keys,
+    /// A `Cookie` header (the peer crate's session).
+    pub(crate) cookie: Option<HeaderValue>,
+}
+
+/// One measurement.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    pub(crate) addr: SocketAddr,
+    pub(crate) conns: Vec<ConnSpec>,
+    pub(crate) warmup: Duration,
+    pub(crate) duration: Duration,
+    /// Stop after this many requests in all (warm-up included).
+    pub(crate) max_requests: u64,
+    pub(crate) expect: Expect,
+}
+
+/// What a measurement saw.
+#[derive(Debug)]
+pub(crate) struct Measured {
+    /// Requests completed inside the measured window.
+    pub(crate) requests: u64,
+    /// The measured window (shorter than asked if the request cap was hit).
+    pub(crate) elapsed: Duration,
+    /// Latency of the measured requests, in microseconds.
+    pub(crate) latency: Histogram<u64>,
+    /// Responses completed in all, warm-up included.
+    pub(crate) total: u64,
+    /// Responses that were not what the plan expected (all phases).
+    pub(crate) unexpected: u64,
+    /// Connection or protocol errors.
+    pub(crate) errors: u64,
+}
+
+impl Measured {
+    pub(crate) fn throughput(&self) -> f64 {
+        self.requests as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
+}
+
+/// A `POST /orders` with the order body.
+pub(crate) fn order_request(
+    key: HeaderValue,
+    cookie: Option<&HeaderValue>,
+) -> Request<Full<Bytes>> {
+    let mut request = Request::post("/orders")
+        .header(header::HOST, "127.0.0.1")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header("idempotency-key", key)
+        .body(Full::new(Bytes::from_static(ORDER.as_bytes())))
+        .expect("a valid request");
+    if let Some(cookie) = cookie {
+        request.headers_mut().insert(header::COOKIE, cookie.clone());
+    }
+    request
+}
+
+/// A keep-alive HTTP/1.1 connection to `addr` (loopback only).
+pub(crate) async fn connect(addr: SocketAddr) -> Result<SendRequest<Full<Bytes>>, String> {
+    if !addr.ip().is_loopback() {
+        return Err(format!("{addr} is not a loopback address"));
+    }
+    let stream = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(sender)
+}
+
+/// Sends one request on `sender` and reads the whole answer.
+pub(crate) async fn exchange(
+    sender: &mut SendRequest<Full<Bytes>>,
+    request: Request<Full<Bytes>>,
+) -> Result<Response<Bytes>, String> {
+    sender.ready().await.map_err(|e| e.to_string())?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+    Ok(Response::from_parts(parts, body))
+}
+
+/// One request on a connection of its own.
+pub(crate) async fn send_once(
+    addr: SocketAddr,
+    request: Request<Full<Bytes>>,
+) -> Result<Response<Bytes>, String> {
+    let mut sender = connect(addr).await?;
+    exchange(&mut sender, request).await
+}
+
+/// Runs `plan` and returns what it measured.
+pub(crate) async fn run(plan: Plan) -> Measured {
+    let start = Instant::now();
+    let measure_from = start + plan.warmup;
+    let deadline = measure_from + plan.duration;
+    let budget = Arc::new(AtomicU64::new(plan.max_requests));
+    let expect = Arc::new(plan.expect);
+    let tasks: Vec<_> = plan
+        .conns
+        .into_iter()
+        .enumerate()
+        .map(|(index, spec)| {
+            let budget = Arc::clone(&budget);
+            let expect = Arc::clone(&expect);
+            tokio::spawn(connection(
+                plan.addr,
+                index,
+                spec,
+                expect,
+                budget,
+                measure_from,
+                deadline,
+            ))
+        })
+        .collect();
+    let mut total = Measured {
+        requests: 0,
+        elapsed: Duration::ZERO,
+        latency: histogram(),
+        total: 0,
+        unexpected: 0,
+        errors: 0,
+    };
+    let mut last_done = measure_from;
+    for task in tasks {
+        let one = task.await.expect("a load connection panicked");
+        total.requests += one.requests;
+        total.total += one.total;
+        total.unexpected += one.unexpected;
+        total.errors += one.errors;
+        total
+            .latency
+            .add(&one.latency)
+            .expect("histograms with the same bounds");
+        last_done = last_done.max(one.last_measured);
+    }
+    // The window ends at the deadline, or earlier if the request cap
+    // stopped every connection before it.
+    total.elapsed = last_done
+        .min(deadline)
+        .saturating_duration_since(measure_from);
+    if total.elapsed.is_zero() {
+        total.elapsed = Duration::from_micros(1);
+    }
+    total
+}
+
+struct ConnResult {
+    requests: u64,
+    total: u64,
+    unexpected: u64,
+    errors: u64,
+    latency: Histogram<u64>,
+    last_measured: Instant,
+}
+
+async fn connection(
+    addr: SocketAddr,
+    index: usize,
+    spec: ConnSpec,
+    expect: Arc<Expect>,
+    budget: Arc<AtomicU64>,
+    measure_from: Instant,
+    deadline: Instant,
+) -> ConnResult {
+    let mut result = ConnResult {
+        requests: 0,
+        total: 0,
+        unexpected: 0,
+        errors: 0,
+        latency: histogram(),
+        last_measured: measure_from,
+    };
+    let mut sender = None;
+    let mut seq: u64 = 0;
+    while Instant::now() < deadline {
+        if budget
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_err()
+        {
+            break;
+        }
+        let conn = match &mut sender {
+            Some(conn) => conn,
+            None => match connect(addr).await {
+                Ok(conn) => sender.insert(conn),
+                Err(_) => {
+                    result.errors += 1;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+        };
+        let key = match &spec.keys {
+            Keys::Unique(prefix) => {
+                seq += 1;
+                HeaderValue::try_from(format!("{prefix}-{index}-{seq}"))
+                    .expect("a visible-ASCII key")
+            }
+            Keys::Fixed(key) => key.clone(),
+        };
+        let request = order_request(key, spec.cookie.as_ref());
+        let began = Instant::now();
+        match exchange(conn, request).await {
+            Ok(response) => {
+                let ended = Instant::now();
+                result.total += 1;
+                if !expect.accepts(response.status(), response.headers()) {
+                    result.unexpected += 1;
+                }
+                if began >= measure_from && ended <= deadline {
+                    result.requests += 1;
+                    let micros = u64::try_from((ended - began).as_micros()).unwrap_or(u64::MAX);
+                    result.latency.saturating_record(micros.max(1));
+                    result.last_measured = ended;
+                }
+            }
+            Err(_) => {
+                result.errors += 1;
+                sender = None;
+            }
+        }
+    }
+    if Instant::now() >= deadline {
+        result.last_measured = deadline;
+    }
+    result
+}
+
+/// What `copies` simultaneous copies of one request got.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Burst {
+    pub(crate) created: u64,
+    pub(crate) replayed: u64,
+    pub(crate) conflict: u64,
+    pub(crate) other: u64,
+    pub(crate) errors: u64,
+}
+
+impl Burst {
+    pub(crate) fn add(&mut self, other: &Self) {
+        self.created += other.created;
+        self.replayed += other.replayed;
+        self.conflict += other.conflict;
+        self.other += other.other;
+        self.errors += other.errors;
+    }
+}
+
+/// Sends `copies` copies of one request at once, each on a connection of
+/// its own, opened beforehand so that they leave together.
+pub(crate) async fn burst(
+    addr: SocketAddr,
+    copies: usize,
+    key: HeaderValue,
+    cookie: Option<HeaderValue>,
+    replay_header: HeaderName,
+) -> Burst {
+    let barrier = Arc::new(Barrier::new(copies));
+    let tasks: Vec<_> = (0..copies)
+        .map(|_| {
+            let barrier = Arc::clone(&barrier);
+            let key = key.clone();
+            let cookie = cookie.clone();
+            tokio::spawn(async move {
+                let sender = connect(addr).await;
+                barrier.wait().await;
+                let mut sender = sender?;
+                exchange(&mut sender, order_request(key, cookie.as_ref())).await
+            })
+        })
+        .collect();
+    let mut seen = Burst::default();
+    for task in tasks {
+        match task.await.expect("a burst task panicked") {
+            Ok(response) => {
+                let replay = response
+                    .headers()
+                    .get(&replay_header)
+                    .is_some_and(|v| v == "true");
+                match response.status() {
+                    StatusCode::CREATED if replay => seen.replayed += 1,
+                    StatusCode::CREATED => seen.created += 1,
+                    StatusCode::CONFLICT => seen.conflict += 1,
+                    _ => seen.other += 1,
+                }
+            }
+            Err(_) => seen.errors += 1,
+        }
+    }
+    seen
+}
