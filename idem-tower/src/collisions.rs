@@ -29,14 +29,15 @@ pub(crate) struct Collisions {
 
 impl Collisions {
     pub(crate) fn record(&self, composite: &str) {
-        let label: String = composite.chars().take(KEY_LABEL_LEN).collect();
+        let label = label(composite);
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(count) = slots.get_mut(&label) {
+        // A key already tracked (the storm case) costs one lookup, no copy.
+        if let Some(count) = slots.get_mut(label) {
             *count += 1;
             return;
         }
         if slots.len() < TRACKED_KEYS {
-            slots.insert(label, 1);
+            slots.insert(label.to_owned(), 1);
             return;
         }
         // Full: the least counted key gives its slot, and its count, away.
@@ -46,7 +47,7 @@ impl Collisions {
             .map(|(key, count)| (key.clone(), *count))
             .expect("a full table has a minimum");
         slots.remove(&evicted);
-        slots.insert(label, floor + 1);
+        slots.insert(label.to_owned(), floor + 1);
     }
 
     pub(crate) fn top(&self, n: usize) -> Vec<Collision> {
@@ -61,6 +62,14 @@ impl Collisions {
         top.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.key.cmp(&b.key)));
         top.truncate(n);
         top
+    }
+}
+
+/// The first [`KEY_LABEL_LEN`] characters of `composite`.
+fn label(composite: &str) -> &str {
+    match composite.char_indices().nth(KEY_LABEL_LEN) {
+        Some((end, _)) => &composite[..end],
+        None => composite,
     }
 }
 
@@ -91,5 +100,8 @@ mod tests {
         let c = Collisions::default();
         c.record(&"k".repeat(500));
         assert_eq!(c.top(1)[0].key.len(), KEY_LABEL_LEN);
+        c.record(&"é".repeat(100));
+        assert_eq!(label(&"é".repeat(100)).chars().count(), KEY_LABEL_LEN);
+        assert_eq!(label("short"), "short");
     }
 }

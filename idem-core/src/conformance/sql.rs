@@ -1,5 +1,6 @@
-//! Transactional mode conformance: what every [`SqlStore`] must do when the
-//! claim, the business writes and the outcome share one transaction.
+//! SQL store conformance: what every [`SqlStore`] must do when the claim,
+//! the business writes and the outcome share one transaction, and what only
+//! a table can show (row locks, migrations, purging).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,6 +30,9 @@ fn fp() -> Fingerprint {
 
 /// Plain statements on a pool or a connection, for the cases' own tables.
 pub trait TestSql: Dialect {
+    /// Statements that, run on a connection and left open, hold a lock any
+    /// write to the record row `{hash}` (hex) of `{table}` waits on.
+    const LOCK_RECORD: &'static [&'static str];
     /// Runs `sql` on the pool.
     fn exec(pool: &sqlx::Pool<Self>, sql: String) -> impl Future<Output = ()> + Send;
     /// Runs `sql` on `conn`.
@@ -38,9 +42,10 @@ pub trait TestSql: Dialect {
 }
 
 macro_rules! test_sql {
-    ($($feature:literal => $db:ty),*) => {$(
+    ($($feature:literal => $db:ty, lock: $lock:expr;)*) => {$(
         #[cfg(feature = $feature)]
         impl TestSql for $db {
+            const LOCK_RECORD: &'static [&'static str] = $lock;
             async fn exec(pool: &sqlx::Pool<Self>, sql: String) {
                 sqlx::raw_sql(AssertSqlSafe(sql)).execute(pool).await.expect("statement");
             }
@@ -54,7 +59,18 @@ macro_rules! test_sql {
     )*};
 }
 
-test_sql!("postgres" => sqlx::Postgres, "mysql" => sqlx::MySql, "sqlite" => sqlx::Sqlite);
+test_sql! {
+    "postgres" => sqlx::Postgres, lock: &[
+        "BEGIN",
+        "SELECT 1 FROM {table} WHERE key_hash = decode('{hash}', 'hex') FOR UPDATE",
+    ];
+    "mysql" => sqlx::MySql, lock: &[
+        "BEGIN",
+        "SELECT 1 FROM {table} WHERE key_hash = X'{hash}' FOR UPDATE",
+    ];
+    // One writer at a time: an open write transaction blocks every write.
+    "sqlite" => sqlx::Sqlite, lock: &["BEGIN IMMEDIATE"];
+}
 
 async fn effects_table<DB: TestSql>(pool: &sqlx::Pool<DB>) {
     DB::exec(
@@ -223,6 +239,105 @@ pub async fn duplicate_past_the_lock_timeout_is_in_flight<DB: TestSql>(store: Ar
     assert_eq!(effects(store.pool(), &nonce).await, 1);
 }
 
+/// How long a claim that must not wait on a lock may take: far below the
+/// lock waits of the suite's stores for a write (PostgreSQL: no limit outside
+/// a transactional claim; MariaDB/MySQL: `innodb_lock_wait_timeout`, 50 s by
+/// default), so a claim that writes first times out here. On SQLite such a
+/// claim fails instead, with `SQLITE_BUSY` once the pool's `busy_timeout`
+/// (1 s in the test setup) runs out.
+const NO_WAIT: Duration = Duration::from_secs(2);
+
+/// A plain claim, which must answer within [`NO_WAIT`].
+async fn claim_without_waiting<DB: TestSql>(
+    store: &SqlStore<DB>,
+    key: &IdempotencyKey,
+    fingerprint: &Fingerprint,
+) -> Claim {
+    let started = Instant::now();
+    let claim = store.claim(key, fingerprint, LONG, OwnerToken::generate());
+    match tokio::time::timeout(NO_WAIT, claim).await {
+        Ok(Ok(claim)) => claim,
+        Ok(Err(err)) => panic!(
+            "the claim failed after {:?} (it waited on the lock): {err:?}",
+            started.elapsed()
+        ),
+        Err(_) => panic!("the claim still waited on the row lock after {NO_WAIT:?}"),
+    }
+}
+
+/// A duplicate of a completed key is answered from a plain read: it neither
+/// writes nor waits while another transaction holds a lock on the record row
+/// (PostgreSQL, MariaDB/MySQL: `SELECT ... FOR UPDATE`; SQLite: the
+/// database's write lock), whether it replays or mismatches. The store must
+/// have been built with a lock timeout (or SQLite busy timeout) of about a
+/// second, as for [`duplicate_past_the_lock_timeout_is_in_flight`].
+pub async fn completed_key_answers_without_waiting_on_its_row<DB: TestSql>(
+    store: Arc<SqlStore<DB>>,
+) {
+    let (key, _) = fresh_key("no-wait");
+    let Claim::Acquired(owner) = store
+        .claim(&key, &fp(), LONG, OwnerToken::generate())
+        .await
+        .unwrap()
+    else {
+        panic!("fresh key");
+    };
+    store
+        .complete(&key, &owner, &response(), LONG)
+        .await
+        .unwrap();
+
+    let hash: String = crate::sql::key_hash(&key)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let mut holder = store.pool().acquire().await.expect("a connection");
+    for sql in DB::LOCK_RECORD {
+        let sql = sql
+            .replace("{table}", store.table())
+            .replace("{hash}", &hash);
+        DB::exec_on(&mut holder, sql).await;
+    }
+
+    assert_eq!(
+        claim_without_waiting(&store, &key, &fp()).await,
+        Claim::Replay(response())
+    );
+    let other = Fingerprint::from_bytes([7; 32]);
+    assert_eq!(
+        claim_without_waiting(&store, &key, &other).await,
+        Claim::Mismatch
+    );
+    // A transactional claim: on PostgreSQL its one statement reads first as
+    // well, and replays at once. Elsewhere it writes the row before reading
+    // it, so it waits on the lock until its lock timeout: the lock is real.
+    let in_tx = store
+        .claim_in_transaction(&key, &fp(), LONG, OwnerToken::generate())
+        .await
+        .unwrap();
+    if DB::CLAIM_READS_FIRST {
+        assert!(
+            matches!(in_tx, TransactionalClaim::Answered(Claim::Replay(_))),
+            "{in_tx:?}"
+        );
+    } else {
+        assert!(
+            matches!(in_tx, TransactionalClaim::Answered(Claim::InFlight { .. })),
+            "{in_tx:?}"
+        );
+    }
+
+    DB::exec_on(&mut holder, "ROLLBACK".to_owned()).await;
+    drop(holder);
+    assert_eq!(
+        store
+            .claim(&key, &fp(), LONG, OwnerToken::generate())
+            .await
+            .unwrap(),
+        Claim::Replay(response())
+    );
+}
+
 /// `migrate` is idempotent, and a custom table works.
 pub async fn migrate_twice_and_custom_table<DB: TestSql>(store: Arc<SqlStore<DB>>) {
     store.migrate().await.unwrap();
@@ -284,6 +399,7 @@ macro_rules! transactional_conformance_tests {
             dropped_transaction_rolls_back,
             duplicate_waits_for_the_open_transaction_then_replays,
             duplicate_past_the_lock_timeout_is_in_flight,
+            completed_key_answers_without_waiting_on_its_row,
             migrate_twice_and_custom_table,
             purge_removes_only_expired_rows,
         );

@@ -3,6 +3,7 @@
 
 mod template;
 
+use std::borrow::Cow;
 use std::cell::OnceCell;
 use std::fmt;
 
@@ -111,34 +112,35 @@ impl<'a> RequestView<'a> {
         )
     }
 
-    fn resolve(&self, placeholder: &Placeholder) -> Result<String, KeyError> {
+    fn resolve(&self, placeholder: &Placeholder) -> Result<Cow<'a, str>, KeyError> {
         let missing = || KeyError::Missing(placeholder.clone());
         let value = match placeholder {
-            Placeholder::Tenant => self.tenant.ok_or_else(missing)?.to_owned(),
-            Placeholder::User => self.user.ok_or_else(missing)?.to_owned(),
-            Placeholder::Method => self.method.as_str().to_owned(),
-            Placeholder::Route => self.route.to_owned(),
+            Placeholder::Tenant => Cow::Borrowed(self.tenant.ok_or_else(missing)?),
+            Placeholder::User => Cow::Borrowed(self.user.ok_or_else(missing)?),
+            Placeholder::Method => Cow::Borrowed(self.method.as_str()),
+            Placeholder::Route => Cow::Borrowed(self.route),
             Placeholder::Header(name) => {
                 let mut values = self.headers.get_all(name).iter();
                 let value = values.next().ok_or_else(missing)?;
                 if values.next().is_some() {
                     return Err(KeyError::Repeated(placeholder.clone()));
                 }
-                value
-                    .to_str()
-                    .map_err(|_| KeyError::NotVisibleAscii(placeholder.clone()))?
-                    .to_owned()
+                Cow::Borrowed(
+                    value
+                        .to_str()
+                        .map_err(|_| KeyError::NotVisibleAscii(placeholder.clone()))?,
+                )
             }
             Placeholder::Path(name) => self
                 .path_params
                 .iter()
                 .find(|(n, _)| n == name)
-                .map(|(_, v)| v.clone())
+                .map(|(_, v)| Cow::Borrowed(v.as_str()))
                 .ok_or_else(missing)?,
             Placeholder::Query(name) => {
                 let mut found = form_urlencoded::parse(self.query.unwrap_or("").as_bytes())
                     .filter(|(k, _)| k == name.as_str());
-                let value = found.next().ok_or_else(missing)?.1.into_owned();
+                let value = found.next().ok_or_else(missing)?.1;
                 if found.next().is_some() {
                     return Err(KeyError::Repeated(placeholder.clone()));
                 }
@@ -146,14 +148,14 @@ impl<'a> RequestView<'a> {
             }
             Placeholder::Body(pointer) => {
                 let json = self.json().ok_or(KeyError::BodyNotJson)?;
-                match json.pointer(pointer) {
+                Cow::Owned(match json.pointer(pointer) {
                     None | Some(serde_json::Value::Null) => return Err(missing()),
                     Some(serde_json::Value::String(s)) => s.clone(),
                     Some(v @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_))) => {
                         v.to_string()
                     }
                     Some(_) => return Err(KeyError::NotScalar(placeholder.clone())),
-                }
+                })
             }
         };
         if value.is_empty() {
@@ -203,15 +205,18 @@ impl KeyTemplate {
 }
 
 fn escape_into(out: &mut String, value: &str) {
-    for c in value.chars() {
-        match c {
-            '%' => out.push_str("%25"),
-            ':' => out.push_str("%3A"),
-            '{' => out.push_str("%7B"),
-            '}' => out.push_str("%7D"),
-            c => out.push(c),
-        }
+    let mut rest = value;
+    while let Some(at) = rest.find(['%', ':', '{', '}']) {
+        out.push_str(&rest[..at]);
+        out.push_str(match rest.as_bytes()[at] {
+            b'%' => "%25",
+            b':' => "%3A",
+            b'{' => "%7B",
+            _ => "%7D",
+        });
+        rest = &rest[at + 1..];
     }
+    out.push_str(rest);
 }
 
 /// A composite, namespaced idempotency key, as stores see it:

@@ -101,12 +101,26 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
         table: &str,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
+    /// Whether [`Dialect::claim`] answers a live row without writing by
+    /// itself; if not, a claim outside a transaction reads first.
+    #[doc(hidden)]
+    const CLAIM_READS_FIRST: bool;
+
     #[doc(hidden)]
     fn claim(
         conn: &mut Self::Connection,
         queries: &Queries,
         args: ClaimArgs<'_>,
     ) -> impl Future<Output = Result<ClaimStep, sqlx::Error>> + Send;
+
+    /// The row of `key_hash` with the time it has left, by a plain
+    /// (non-locking) read; `None` if there is none.
+    #[doc(hidden)]
+    fn read(
+        conn: &mut Self::Connection,
+        queries: &Queries,
+        key_hash: &[u8; 32],
+    ) -> impl Future<Output = Result<Option<RecordRow>, sqlx::Error>> + Send;
 
     /// `true` if the row was ours and is now completed.
     #[doc(hidden)]
@@ -150,11 +164,23 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
 }
 
 /// The methods whose Rust side is the same on every database: the SQL of
-/// each dialect takes the same parameters in the same order (complete:
-/// outcome, retention in ms, key hash, owner; release: key hash, owner;
-/// purge: batch).
+/// each dialect takes the same parameters in the same order (read: key hash;
+/// complete: outcome, retention in ms, key hash, owner; release: key hash,
+/// owner; purge: batch).
 macro_rules! shared_statements {
     ($conn:ty) => {
+        async fn read(
+            conn: &mut $conn,
+            q: &Queries,
+            key_hash: &[u8; 32],
+        ) -> Result<Option<RecordRow>, sqlx::Error> {
+            let row = sqlx::query(AssertSqlSafe(q.select.clone()))
+                .bind(&key_hash[..])
+                .fetch_optional(&mut *conn)
+                .await?;
+            row.as_ref().map(record_row).transpose()
+        }
+
         async fn complete(
             conn: &mut $conn,
             q: &Queries,
@@ -214,12 +240,8 @@ macro_rules! returning_claim {
             if inserted.is_some() {
                 return Ok(ClaimStep::Acquired);
             }
-            let row = sqlx::query(AssertSqlSafe(q.select.clone()))
-                .bind(&args.key_hash[..])
-                .fetch_optional(&mut *conn)
-                .await?;
-            Ok(match row {
-                Some(row) => ClaimStep::Existing(record_row(&row)?),
+            Ok(match Self::read(conn, q, args.key_hash).await? {
+                Some(row) => ClaimStep::Existing(row),
                 None => ClaimStep::Vanished,
             })
         }

@@ -38,12 +38,35 @@
 //! # }
 //! ```
 //!
+//! # How a claim runs
+//!
+//! A claim reads the key's row first, without locking it, with the time it
+//! has left by the database's clock. A live row answers at once (a replay,
+//! "in flight" or a fingerprint mismatch) with no write, so duplicates of a
+//! key take no lock and never queue behind one another or behind a
+//! transaction holding the row. Only when the row is absent or expired does
+//! the claim write: one upsert that inserts the row or takes over the
+//! expired one, and the unique index lets exactly one of any number of
+//! concurrent claims acquire. If another claim won meanwhile, the row it
+//! wrote is read and answered from; a row that vanishes or expires between
+//! statements sends the claim round again.
+//!
+//! | database | read | write |
+//! |---|---|---|
+//! | PostgreSQL | in the same statement (a `WITH live AS (SELECT ...)` the insert depends on): one round trip either way | `INSERT ... SELECT ... WHERE NOT EXISTS (live) ON CONFLICT DO UPDATE ... WHERE expired RETURNING` |
+//! | SQLite | a `SELECT` before | `INSERT ... ON CONFLICT DO UPDATE ... WHERE expired RETURNING` |
+//! | MySQL/MariaDB | a `SELECT` before | `INSERT ... ON DUPLICATE KEY UPDATE` with every column behind `IF(expired, ...)`, then a read of the owner |
+//!
 //! # Transactional mode
 //!
 //! Each store is also a [`TransactionalStore`]: the claim row, the handler's
 //! business writes and the stored response commit in one transaction. See
 //! [`transaction`](crate::transaction) and the `Tx` extractor of
-//! `idem-tower`.
+//! `idem-tower`. A duplicate waits (up to the lock timeout) for a
+//! transaction holding the key and then replays what it committed. On SQLite
+//! and MySQL/MariaDB a transactional claim writes first, without the read
+//! before (see the comment in `claim_in_transaction`); PostgreSQL's claim is
+//! one statement, the same in both modes.
 
 mod dialect;
 #[cfg(feature = "mysql")]
@@ -226,7 +249,7 @@ impl<DB: Dialect> SqlStore<DB> {
     }
 }
 
-fn key_hash(key: &IdempotencyKey) -> [u8; 32] {
+pub(crate) fn key_hash(key: &IdempotencyKey) -> [u8; 32] {
     *blake3::hash(key.as_str().as_bytes()).as_bytes()
 }
 
@@ -274,6 +297,23 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         owner: OwnerToken,
     ) -> Result<Claim, Error> {
         let mut conn = self.inner.pool.acquire().await.map_err(unavailable)?;
+        // Read first: a duplicate of a live record is answered from a plain
+        // read, without writing or locking anything. The upsert would lock
+        // the row even when it changes nothing (PostgreSQL: a row lock and WAL
+        // to flush at commit, with every duplicate of the key queued behind
+        // it; MySQL/MariaDB: an exclusive record lock; SQLite: the database's
+        // write lock). The read sees committed rows only and acquires
+        // nothing: absent and expired keys still go to the upsert, which
+        // alone decides who acquires.
+        // On PostgreSQL the claim statement itself reads first.
+        if !DB::CLAIM_READS_FIRST
+            && let Some(row) = DB::read(&mut conn, &self.inner.queries, &key_hash(key))
+                .await
+                .map_err(unavailable)?
+            && let Some(answer) = row.answer(fingerprint)?
+        {
+            return Ok(answer);
+        }
         self.claim_on(&mut conn, key, fingerprint, lease, owner)
             .await
             .map_err(unavailable)
@@ -334,6 +374,20 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
             DB::set_lock_timeout(&mut tx, self.inner.lock_timeout)
                 .await
                 .map_err(unavailable)?;
+            // No separate read first here, unlike `claim`: in a transaction
+            // the claim writes before it reads (PostgreSQL's one statement
+            // reads and writes at once, which is safe in READ COMMITTED). A
+            // plain read cannot see another transaction's uncommitted claim,
+            // so the upsert after it would still wait on that claim as it
+            // must, but the read has effects: on MySQL/MariaDB (REPEATABLE
+            // READ) it fixes the transaction's read view before that wait, so
+            // the read after the upsert cannot see the row the other
+            // transaction committed (the claim spins out "kept changing"
+            // instead of replaying) and the handler would read its data as of
+            // before the wait; on SQLite it opens the transaction as a reader,
+            // and a reader that another connection's commit overtook cannot
+            // become the writer (SQLITE_BUSY_SNAPSHOT: "in flight" instead of
+            // waiting and replaying).
             match self.claim_on(&mut tx, key, fingerprint, lease, owner).await {
                 Ok(Claim::Acquired(owner)) => Ok(TransactionalClaim::Acquired(Box::new(
                     SqlClaimTransaction {

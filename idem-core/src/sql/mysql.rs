@@ -10,8 +10,8 @@ use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, MySql};
 
 use super::dialect::{
-    ClaimArgs, ClaimStep, Dialect, Queries, bind_claim, has_code, record_row, render, sealed,
-    shared_statements,
+    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, bind_claim, has_code, record_row, render,
+    sealed, shared_statements,
 };
 use crate::OwnerToken;
 
@@ -121,6 +121,8 @@ impl Dialect for MySql {
         result
     }
 
+    const CLAIM_READS_FIRST: bool = false;
+
     async fn claim(
         conn: &mut MySqlConnection,
         q: &Queries,
@@ -129,14 +131,9 @@ impl Dialect for MySql {
         bind_claim(sqlx::query(AssertSqlSafe(q.claim.clone())), &args)
             .execute(&mut *conn)
             .await?;
-        let row = sqlx::query(AssertSqlSafe(q.select.clone()))
-            .bind(&args.key_hash[..])
-            .fetch_optional(&mut *conn)
-            .await?;
-        let Some(row) = row else {
+        let Some(row) = Self::read(conn, q, args.key_hash).await? else {
             return Ok(ClaimStep::Vanished);
         };
-        let row = record_row(&row)?;
         let ours = row.state == "I" && row.owner.as_deref() == Some(&args.owner.as_bytes()[..]);
         Ok(if ours {
             ClaimStep::Acquired

@@ -1,14 +1,15 @@
-//! PostgreSQL: `INSERT ... ON CONFLICT DO UPDATE ... WHERE expired RETURNING`
-//! claims or takes over in one statement; the clock is `now()`.
+//! PostgreSQL: one statement reads the key's live row and, only if there is
+//! none, claims or takes over with `INSERT ... ON CONFLICT DO UPDATE ...
+//! WHERE expired RETURNING`; the clock is `now()`.
 
 use std::time::Duration;
 
 use sqlx::postgres::PgConnection;
-use sqlx::{AssertSqlSafe, Postgres};
+use sqlx::{AssertSqlSafe, Postgres, Row};
 
 use super::dialect::{
-    ClaimArgs, ClaimStep, Dialect, Queries, bind_claim, has_code, record_row, render,
-    returning_claim, sealed, shared_statements,
+    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, bind_claim, has_code, record_row, render,
+    sealed, shared_statements,
 };
 use crate::OwnerToken;
 
@@ -22,16 +23,33 @@ impl sealed::Sealed for Postgres {}
 impl Dialect for Postgres {
     fn queries(table: &str) -> Queries {
         Queries {
+            // `live` and the insert see one snapshot: with a live row the
+            // insert has nothing to insert, so it neither locks the row nor
+            // writes, and the row is returned to answer from. Without one,
+            // the upsert arbitrates as the unique index decides; a claim
+            // that committed after the snapshot makes it return nothing, and
+            // the caller reads that row.
             claim: render(
-                "INSERT INTO {table} AS r \
-                   (key_hash, idem_key, state, owner, fingerprint, outcome, expires_at) \
-                 VALUES ($1, $2, 'I', $3, $4, NULL, now() + $5::bigint * interval '1 millisecond') \
-                 ON CONFLICT (key_hash) DO UPDATE SET \
-                   idem_key = EXCLUDED.idem_key, state = 'I', owner = EXCLUDED.owner, \
-                   fingerprint = EXCLUDED.fingerprint, outcome = NULL, \
-                   expires_at = EXCLUDED.expires_at, created_at = now() \
-                 WHERE r.expires_at <= now() \
-                 RETURNING 1",
+                "WITH live AS ( \
+                   SELECT state::text AS state, owner, fingerprint, outcome, \
+                     (EXTRACT(EPOCH FROM (expires_at - now())) * 1000)::int8 AS ms_left \
+                   FROM {table} WHERE key_hash = $1 AND expires_at > now() \
+                 ), claimed AS ( \
+                   INSERT INTO {table} AS r \
+                     (key_hash, idem_key, state, owner, fingerprint, outcome, expires_at) \
+                   SELECT $1, $2, 'I', $3, $4, NULL, \
+                     now() + $5::bigint * interval '1 millisecond' \
+                   WHERE NOT EXISTS (SELECT 1 FROM live) \
+                   ON CONFLICT (key_hash) DO UPDATE SET \
+                     idem_key = EXCLUDED.idem_key, state = 'I', owner = EXCLUDED.owner, \
+                     fingerprint = EXCLUDED.fingerprint, outcome = NULL, \
+                     expires_at = EXCLUDED.expires_at, created_at = now() \
+                   WHERE r.expires_at <= now() \
+                   RETURNING 1 \
+                 ) \
+                 SELECT EXISTS (SELECT 1 FROM claimed), \
+                   live.state, live.owner, live.fingerprint, live.outcome, live.ms_left \
+                 FROM (SELECT 1) AS one LEFT JOIN live ON true",
                 table,
             ),
             select: render(
@@ -94,7 +112,34 @@ impl Dialect for Postgres {
         tx.commit().await
     }
 
-    returning_claim!(PgConnection);
+    const CLAIM_READS_FIRST: bool = true;
+
+    async fn claim(
+        conn: &mut PgConnection,
+        q: &Queries,
+        args: ClaimArgs<'_>,
+    ) -> Result<ClaimStep, sqlx::Error> {
+        let row = bind_claim(sqlx::query(AssertSqlSafe(q.claim.clone())), &args)
+            .fetch_one(&mut *conn)
+            .await?;
+        if row.try_get::<bool, _>(0)? {
+            return Ok(ClaimStep::Acquired);
+        }
+        if let Some(state) = row.try_get::<Option<String>, _>(1)? {
+            return Ok(ClaimStep::Existing(RecordRow {
+                state,
+                owner: row.try_get(2)?,
+                fingerprint: row.try_get(3)?,
+                outcome: row.try_get(4)?,
+                ms_left: row.try_get(5)?,
+            }));
+        }
+        Ok(match Self::read(conn, q, args.key_hash).await? {
+            Some(row) => ClaimStep::Existing(row),
+            None => ClaimStep::Vanished,
+        })
+    }
+
     shared_statements!(PgConnection);
 
     async fn set_lock_timeout(

@@ -1,8 +1,8 @@
 //! SQLite: `INSERT ... ON CONFLICT DO UPDATE ... WHERE expired RETURNING`, as
 //! on PostgreSQL; the clock is SQLite's `julianday('now')` in Unix
 //! milliseconds. One writer at a time: a transactional claim holds the
-//! database's write lock until it commits, and others wait for the pool's
-//! `busy_timeout`.
+//! database's write lock until it commits, and claims that write meanwhile
+//! wait for the pool's `busy_timeout` (duplicates of a live key only read).
 
 use std::time::Duration;
 
@@ -10,7 +10,7 @@ use sqlx::sqlite::SqliteConnection;
 use sqlx::{AssertSqlSafe, Sqlite};
 
 use super::dialect::{
-    ClaimArgs, ClaimStep, Dialect, Queries, bind_claim, has_code, record_row, render,
+    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, bind_claim, has_code, record_row, render,
     returning_claim, sealed, shared_statements,
 };
 use crate::OwnerToken;
@@ -83,6 +83,8 @@ impl Dialect for Sqlite {
         }
         tx.commit().await
     }
+
+    const CLAIM_READS_FIRST: bool = false;
 
     returning_claim!(SqliteConnection);
     shared_statements!(SqliteConnection);

@@ -110,7 +110,11 @@ where
         }
         Err(problem) => return Ok(rejected(&problem)),
     };
-    tracing::Span::current().record("key", target.key.redacted());
+    let span = tracing::Span::current();
+    // The redacted key is a hash: only worth computing if someone listens.
+    if !span.is_disabled() {
+        span.record("key", target.key.redacted());
+    }
 
     if layer.policy.transactional {
         return in_transaction(&layer, inner, parts, body, target).await;
@@ -222,11 +226,13 @@ where
     Ok(detached(settle_transaction(layer.clone(), tx, response)).await)
 }
 
-/// Runs the work after the handler returned on its own task, so a client
-/// that disconnects now cannot cancel it: the handler's effect happened, and
-/// its outcome must be stored (or, on SQL, committed) whether or not anyone
-/// is still listening. Otherwise the claim would be released and a retry
-/// would run the effect again.
+/// Runs the work after the handler returned (storing or committing its
+/// outcome) in place, and makes sure a client that disconnects now cannot
+/// cancel it: the handler's effect happened, and its outcome must be stored
+/// (or, on SQL, committed) whether or not anyone is still listening.
+/// Otherwise the claim would be released and a retry would run the effect
+/// again. If the request future is dropped before the work is done, the work
+/// moves to a task of its own and finishes there (see [`Settling`]).
 async fn detached<B>(
     settling: impl Future<Output = Response<ResponseBody<B>>> + Send + 'static,
 ) -> Response<ResponseBody<B>>
@@ -234,14 +240,49 @@ where
     B: Body + Send + 'static,
     B::Error: Send,
 {
-    match tokio::spawn(settling.in_current_span()).await {
-        Ok(response) => response,
-        Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
-        // The runtime is shutting down: there is no one to answer.
-        Err(_) => Problem::StoreUnavailable {
-            retry_after: Duration::from_secs(1),
+    Settling(Some(Box::pin(settling.in_current_span()))).await
+}
+
+/// Work that must finish once started: polled in place (no task to spawn on
+/// the common path, where the client waits for its answer), and handed to a
+/// spawned task if dropped unfinished.
+struct Settling<F: Future<Output: Send> + Send + 'static>(Option<Pin<Box<F>>>);
+
+impl<F: Future<Output: Send> + Send + 'static> Future for Settling<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        // Taken out while polled: if the poll panics, the drop below finds
+        // nothing to hand on, and the half-run future is not resumed.
+        let mut settling = self.0.take().expect("polled after completion");
+        match settling.as_mut().poll(cx) {
+            Poll::Ready(out) => Poll::Ready(out),
+            Poll::Pending => {
+                self.0 = Some(settling);
+                Poll::Pending
+            }
         }
-        .to_response(),
+    }
+}
+
+impl<F: Future<Output: Send> + Send + 'static> Drop for Settling<F> {
+    fn drop(&mut self) {
+        let Some(settling) = self.0.take() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                tracing::debug!("request dropped while storing its outcome; finishing on a task");
+                runtime.spawn(async move {
+                    settling.await;
+                });
+            }
+            // Dropping it here releases the claim through its guard, or rolls
+            // the transaction back: the retry then runs the effect again.
+            Err(_) => tracing::error!(
+                "no tokio runtime to finish storing an outcome; the request's claim is abandoned"
+            ),
+        }
     }
 }
 

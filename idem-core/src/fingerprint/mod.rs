@@ -1,6 +1,9 @@
 //! Request fingerprints: the same key sent with a different request is a 422.
 
+mod canonical;
+
 use std::fmt;
+use std::sync::LazyLock;
 
 use crate::{KeyError, RequestView};
 
@@ -43,9 +46,7 @@ impl Fingerprint {
     /// assert_ne!(fp(&a), fp(&c));
     /// ```
     pub fn of(request: &RequestView<'_>, spec: &FingerprintSpec) -> Result<Self, KeyError> {
-        let mut h = Hasher(blake3::Hasher::new_derive_key(
-            "idem 2026-11-30 request fingerprint v1",
-        ));
+        let mut h = Hasher(Vec::with_capacity(256 + request.body.len()));
         h.bytes(request.method.as_str().as_bytes());
         h.bytes(request.route.as_bytes());
         let mut params: Vec<_> = request.path_params.iter().collect();
@@ -67,16 +68,15 @@ impl Fingerprint {
             h.bytes(v.as_bytes());
         }
         match spec {
-            FingerprintSpec::Request => match request.json() {
-                Some(json) => {
-                    h.tag(b'j');
-                    h.json(json);
-                }
-                None => {
+            FingerprintSpec::Request => {
+                h.tag(b'j');
+                if !canonical::write(&mut h, request.body) {
+                    // Not JSON: the bytes as they are.
+                    h.0.pop();
                     h.tag(b'b');
                     h.bytes(request.body);
                 }
-            },
+            }
             FingerprintSpec::JsonFields(pointers) => {
                 let json = request.json().ok_or(KeyError::BodyNotJson)?;
                 for pointer in pointers {
@@ -113,24 +113,47 @@ impl fmt::Debug for Fingerprint {
     }
 }
 
+/// The hasher every fingerprint starts from, its key derived once.
+static KEYED: LazyLock<blake3::Hasher> =
+    LazyLock::new(|| blake3::Hasher::new_derive_key("idem 2026-11-30 request fingerprint v1"));
+
 /// Length-prefixed, tagged writes, so no two inputs hash alike by accident.
-struct Hasher(blake3::Hasher);
+/// They go to a buffer hashed in one call at the end: a JSON body makes
+/// dozens of writes of a few bytes each, and hashing each as it comes costs
+/// more than the hash of the whole.
+struct Hasher(Vec<u8>);
 
 impl Hasher {
     fn tag(&mut self, tag: u8) {
-        self.0.update(&[tag]);
+        self.0.push(tag);
     }
 
     fn len(&mut self, len: usize) {
-        self.0.update(&(len as u64).to_le_bytes());
+        self.0.extend_from_slice(&(len as u64).to_le_bytes());
     }
 
     fn bytes(&mut self, bytes: &[u8]) {
         self.len(bytes.len());
-        self.0.update(bytes);
+        self.0.extend_from_slice(bytes);
     }
 
-    /// Canonical JSON: object keys sorted whatever the map's own order.
+    /// Writes `value` formatted, length-prefixed like [`Hasher::bytes`],
+    /// without a string of its own.
+    fn display(&mut self, value: &impl fmt::Display) {
+        use std::io::Write;
+        let at = self.0.len();
+        self.len(0);
+        write!(self.0, "{value}").expect("writing to a Vec cannot fail");
+        self.patch_len(at, self.0.len() - at - 8);
+    }
+
+    /// Overwrites the length written at `at` (as a placeholder) with `len`.
+    fn patch_len(&mut self, at: usize, len: usize) {
+        self.0[at..at + 8].copy_from_slice(&(len as u64).to_le_bytes());
+    }
+
+    /// Canonical JSON of a parsed value (a field picked by a JSON pointer):
+    /// the same bytes as [`canonical::write`] writes from the text.
     fn json(&mut self, value: &serde_json::Value) {
         use serde_json::Value;
         match value {
@@ -138,7 +161,7 @@ impl Hasher {
             Value::Bool(b) => self.tag(if *b { b't' } else { b'f' }),
             Value::Number(n) => {
                 self.tag(b'#');
-                self.bytes(n.to_string().as_bytes());
+                self.display(n);
             }
             Value::String(s) => {
                 self.tag(b's');
@@ -163,7 +186,9 @@ impl Hasher {
     }
 
     fn finish(self) -> Fingerprint {
-        Fingerprint(*self.0.finalize().as_bytes())
+        let mut hasher = KEYED.clone();
+        hasher.update(&self.0);
+        Fingerprint(*hasher.finalize().as_bytes())
     }
 }
 
@@ -252,6 +277,23 @@ mod tests {
         assert_eq!(
             fp(Method::POST, "/", Some("a=1"), b"x", &spec),
             fp(Method::POST, "/", None, b"y", &spec)
+        );
+    }
+
+    /// Fingerprints are stored: a change of their encoding would turn every
+    /// duplicate of a record written before an upgrade into a 422.
+    #[test]
+    fn the_encoding_is_stable() {
+        let h = HeaderMap::new();
+        let params = [("id".to_owned(), "7".to_owned())];
+        let request = RequestView::new(&Method::POST, "/orders/{id}", &h)
+            .path_params(&params)
+            .query(Some("b=2&a=1"))
+            .body(br#"{"qty":2,"sku":"A","amount":12.5,"tags":[null,true,"x"]}"#);
+        let fp = Fingerprint::of(&request, &FingerprintSpec::Request).unwrap();
+        assert_eq!(
+            blake3::Hash::from_bytes(*fp.as_bytes()).to_hex().as_str(),
+            "bf8b178396fd43f0ed2db504ecb58a5853dfdc73204b002425eea5ba3b78cde1"
         );
     }
 }
