@@ -94,6 +94,11 @@ struct Args {
     /// (the first runs the handler as measured, with none).
     #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
     burst_delay: Duration,
+    /// Measure every scenario and mode this many times, round after round
+    /// (so a drift of the machine's speed spreads over all of them), and
+    /// report the median round of each.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
     /// Run only these scenarios (comma-separated): bare, bare-redis,
     /// memory, sqlite, postgres, tiered, peer, burst.
     #[arg(long, value_delimiter = ',')]
@@ -229,9 +234,9 @@ async fn run(args: Args, server_rt: Handle, cpus: usize) -> i32 {
         ctx.args.connections, ctx.args.warmup, ctx.args.duration
     ));
 
-    let mut rows = Vec::new();
-    let mut bursts = Vec::new();
-    let mut failed = false;
+    // Every measurement to take, in order; then rounds of them.
+    let mut jobs = Vec::new();
+    let mut checked = Vec::new();
     for (name, label, kind, modes, redis_use, sql_use) in scenarios(&ctx) {
         if !ctx.args.wants(name) {
             continue;
@@ -248,26 +253,44 @@ async fn run(args: Args, server_rt: Handle, cpus: usize) -> i32 {
             {
                 continue;
             }
-            say(&format!("measuring {label} ({mode})"));
-            match measure(&ctx, label, kind.clone(), mode, redis_use, sql_use).await {
-                Ok(row) => rows.push(row),
+            jobs.push((label, kind.clone(), mode, redis_use, sql_use));
+        }
+        if ctx.args.wants("burst") && name != "bare" && name != "bare-redis" {
+            checked.push((label, kind));
+        }
+    }
+
+    let mut failed = false;
+    let mut taken: Vec<Vec<Row>> = jobs.iter().map(|_| Vec::new()).collect();
+    for round in 1..=ctx.args.rounds {
+        for ((label, kind, mode, redis_use, sql_use), taken) in jobs.iter().zip(&mut taken) {
+            say(&format!(
+                "measuring {label} ({mode}), round {round} of {}",
+                ctx.args.rounds
+            ));
+            let measured = measure(&ctx, label, kind.clone(), *mode, *redis_use, *sql_use, round);
+            match measured.await {
+                Ok(row) => taken.push(row),
                 Err(err) => {
                     failed = true;
-                    notes.push(format!("{label} ({mode}) failed: {err}"));
+                    notes.push(format!("{label} ({mode}) failed in round {round}: {err}"));
                 }
             }
         }
-        if ctx.args.wants("burst") && name != "bare" && name != "bare-redis" {
-            say(&format!(
-                "checking {label} with {} simultaneous duplicates",
-                ctx.args.burst
-            ));
-            match burst_check(&ctx, label, kind).await {
-                Ok(rows) => bursts.extend(rows),
-                Err(err) => {
-                    failed = true;
-                    notes.push(format!("{label} burst check failed: {err}"));
-                }
+    }
+    let rows: Vec<Row> = taken.into_iter().filter_map(report::median_round).collect();
+
+    let mut bursts = Vec::new();
+    for (label, kind) in checked {
+        say(&format!(
+            "checking {label} with {} simultaneous duplicates",
+            ctx.args.burst
+        ));
+        match burst_check(&ctx, label, kind).await {
+            Ok(rows) => bursts.extend(rows),
+            Err(err) => {
+                failed = true;
+                notes.push(format!("{label} burst check failed: {err}"));
             }
         }
     }
@@ -449,6 +472,7 @@ async fn measure(
     mode: Mode,
     redis_use: RedisUse,
     sql_use: SqlUse,
+    round: u32,
 ) -> Result<Row, String> {
     let peer = matches!(kind, Kind::Peer);
     let probe = matches!(kind, Kind::BareRedisGet);
@@ -459,8 +483,10 @@ async fn measure(
     };
     let server = Server::start(&ctx.server_rt, kind, ctx.env.clone(), Duration::ZERO).await?;
     let addr = server.addr;
+    // Keys of their own in every round: the SQL and Redis stores outlive a
+    // measurement.
     let tag = format!(
-        "{}-{}",
+        "{}-{}-{round}",
         label.replace(|c: char| !c.is_ascii_alphanumeric(), ""),
         mode
     );
@@ -582,6 +608,7 @@ async fn measure(
         redis,
         sql,
         cpu,
+        spread: None,
     })
 }
 

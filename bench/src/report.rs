@@ -75,6 +75,25 @@ pub(crate) struct Row {
     pub(crate) sql: Option<SqlCounts>,
     /// CPU over the whole load (warm-up included).
     pub(crate) cpu: Spent,
+    /// The lowest and highest throughput over the rounds, when there were
+    /// several (this row is the median one).
+    pub(crate) spread: Option<(f64, f64)>,
+}
+
+/// The round with the median throughput of one scenario and mode, knowing
+/// the spread of the others; `None` if no round succeeded.
+pub(crate) fn median_round(mut rounds: Vec<Row>) -> Option<Row> {
+    rounds.sort_by(|a, b| a.measured.throughput().total_cmp(&b.measured.throughput()));
+    let spread = (rounds.len() > 1).then(|| {
+        (
+            rounds[0].measured.throughput(),
+            rounds[rounds.len() - 1].measured.throughput(),
+        )
+    });
+    let mid = rounds.len().checked_sub(1)? / 2;
+    let mut median = rounds.swap_remove(mid);
+    median.spread = spread;
+    Some(median)
 }
 
 /// One correctness check.
@@ -122,11 +141,13 @@ impl Machine {
         let threads =
             |t: Option<usize>| t.map_or_else(|| format!("{cpus} (CPU count)"), |t| t.to_string());
         let settings = format!(
-            "{} connections, {} warm-up + {} measured per row, server runtime {} worker threads, \
-             load generator runtime {} worker threads, PostgreSQL pool {}, SQLite pool {} (WAL)",
+            "{} connections, {} warm-up + {} measured per row, {} round(s) (each row: the median), \
+             server runtime {} worker threads, load generator runtime {} worker threads, \
+             PostgreSQL pool {}, SQLite pool {} (WAL)",
             args.connections,
             humantime::format_duration(args.warmup),
             humantime::format_duration(args.duration),
+            args.rounds,
             threads(args.server_threads),
             threads(args.client_threads),
             args.pg_pool,
@@ -185,11 +206,11 @@ pub(crate) fn write(
     writeln!(out)?;
     writeln!(
         out,
-        "| scenario | mode | req/s | p50 ms | p99 ms | vs bare | vs bare + Redis GET | Redis cmds/req | SQL commits/req | handler runs | bad responses |"
+        "| scenario | mode | req/s | req/s, all rounds | p50 ms | p99 ms | vs bare | vs bare + Redis GET | Redis cmds/req | SQL commits/req | handler runs | bad responses |"
     )?;
     writeln!(
         out,
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )?;
     for row in rows {
         let m = &row.measured;
@@ -209,10 +230,12 @@ pub(crate) fn write(
         let bad = m.unexpected + m.errors;
         writeln!(
             out,
-            "| {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             row.scenario,
             row.mode,
             m.throughput(),
+            row.spread
+                .map_or("–".to_owned(), |(lo, hi)| format!("{lo:.0}-{hi:.0}")),
             ms(m.latency.value_at_quantile(0.50)),
             ms(m.latency.value_at_quantile(0.99)),
             times(ratio(row, bare)),
