@@ -268,7 +268,15 @@ async fn run(args: Args, server_rt: Handle, cpus: usize) -> i32 {
                 "measuring {label} ({mode}), round {round} of {}",
                 ctx.args.rounds
             ));
-            let measured = measure(&ctx, label, kind.clone(), *mode, *redis_use, *sql_use, round);
+            let measured = measure(
+                &ctx,
+                label,
+                kind.clone(),
+                *mode,
+                *redis_use,
+                *sql_use,
+                round,
+            );
             match measured.await {
                 Ok(row) => taken.push(row),
                 Err(err) => {

@@ -1044,6 +1044,13 @@ async fn cancellation_after_the_handler_returned_does_not_run_it_again() {
         retry.status == StatusCode::CONFLICT || retry.replayed(),
         "{retry:?}"
     );
+    // The work the aborted request left (reading the body, storing it) went
+    // on without it: once the body is complete, retries replay it whole.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let later = send(&service, request()).await;
+    assert!(later.replayed(), "{later:?}");
+    assert_eq!(later.text(), r#"{"order_id":1,"state":"paid"}"#);
+    assert_eq!(count(&calls), 1);
 }
 
 // ---------------------------------------------------------------------------
