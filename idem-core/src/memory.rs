@@ -10,9 +10,10 @@
 //!
 //! Why not a cache crate: claiming a fresh key and completing it are two
 //! writes of a new entry, and a general-purpose cache pays for its admission
-//! and eviction bookkeeping on each (moka's entry API measured 9-13 µs per
-//! claim and completion in one thread, ~25 µs per request under HTTP load;
-//! see BENCHMARKS.md). An idempotency record needs less: an exact expiry,
+//! and eviction bookkeeping on each (moka's entry API, which this store
+//! used before, measured 9-13 µs per claim and completion in one thread and
+//! ~25 µs of CPU per request under HTTP load; BENCHMARKS.md has the before
+//! and after). An idempotency record needs less: an exact expiry,
 //! and when memory runs short, the completed records nearest to their expiry
 //! go first.
 
@@ -43,7 +44,10 @@ const MIN_SWEEP_LEN: usize = 64;
 /// full, it first drops expired records, then the completed records nearest
 /// to their expiry (in-flight claims are never dropped), which forgets those
 /// keys early: give it room for a retention period's worth of responses, or
-/// use a SQL store. Clones share the records.
+/// use a SQL store. Sweeping and evicting run on the write that finds a shard
+/// due, under that shard's lock, and take time in proportion to the shard
+/// (a 64th of the store on a machine with 16 CPUs or more): that write, and
+/// others waiting on the same shard, pay for it. Clones share the records.
 ///
 /// ```
 /// use idem_core::MemoryStore;
