@@ -42,6 +42,14 @@ pub enum ClaimStep {
     Vanished,
 }
 
+impl ClaimStep {
+    /// What a claim that wrote nothing found in the way on reading the row
+    /// back: the row, or nothing if it went meanwhile.
+    pub(crate) fn found(row: Option<RecordRow>) -> Self {
+        row.map_or(Self::Vanished, Self::Existing)
+    }
+}
+
 /// A record row as read back, with the time left by the database's clock.
 #[allow(unreachable_pub)] // sealed: named only inside the crate
 pub struct RecordRow {
@@ -223,31 +231,6 @@ macro_rules! shared_statements {
     };
 }
 pub(crate) use shared_statements;
-
-/// `claim` for databases with `INSERT ... ON CONFLICT DO UPDATE ... WHERE
-/// ... RETURNING` (PostgreSQL, SQLite): a returned row means the claim
-/// inserted or took over the record; otherwise read what is in the way.
-macro_rules! returning_claim {
-    ($conn:ty) => {
-        async fn claim(
-            conn: &mut $conn,
-            q: &Queries,
-            args: ClaimArgs<'_>,
-        ) -> Result<ClaimStep, sqlx::Error> {
-            let inserted = bind_claim(sqlx::query(AssertSqlSafe(q.claim.clone())), &args)
-                .fetch_optional(&mut *conn)
-                .await?;
-            if inserted.is_some() {
-                return Ok(ClaimStep::Acquired);
-            }
-            Ok(match Self::read(conn, q, args.key_hash).await? {
-                Some(row) => ClaimStep::Existing(row),
-                None => ClaimStep::Vanished,
-            })
-        }
-    };
-}
-pub(crate) use returning_claim;
 
 /// Binds a claim's parameters, the same five in the same order everywhere:
 /// key hash, key, owner, fingerprint, lease in ms.

@@ -134,10 +134,7 @@ impl Dialect for Postgres {
                 ms_left: row.try_get(5)?,
             }));
         }
-        Ok(match Self::read(conn, q, args.key_hash).await? {
-            Some(row) => ClaimStep::Existing(row),
-            None => ClaimStep::Vanished,
-        })
+        Ok(ClaimStep::found(Self::read(conn, q, args.key_hash).await?))
     }
 
     shared_statements!(PgConnection);

@@ -1,5 +1,5 @@
-//! SQLite: `INSERT ... ON CONFLICT DO UPDATE ... WHERE expired RETURNING`, as
-//! on PostgreSQL; the clock is SQLite's `julianday('now')` in Unix
+//! SQLite: `INSERT ... ON CONFLICT DO UPDATE ... WHERE expired RETURNING`
+//! claims or takes over; the clock is SQLite's `julianday('now')` in Unix
 //! milliseconds. One writer at a time: a transactional claim holds the
 //! database's write lock until it commits, and claims that write meanwhile
 //! wait for the pool's `busy_timeout` (duplicates of a live key only read).
@@ -11,7 +11,7 @@ use sqlx::{AssertSqlSafe, Sqlite};
 
 use super::dialect::{
     ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, bind_claim, has_code, record_row, render,
-    returning_claim, sealed, shared_statements,
+    sealed, shared_statements,
 };
 use crate::OwnerToken;
 
@@ -86,7 +86,21 @@ impl Dialect for Sqlite {
 
     const CLAIM_READS_FIRST: bool = false;
 
-    returning_claim!(SqliteConnection);
+    /// A returned row means the claim inserted or took over the record;
+    /// otherwise read what is in the way.
+    async fn claim(
+        conn: &mut SqliteConnection,
+        q: &Queries,
+        args: ClaimArgs<'_>,
+    ) -> Result<ClaimStep, sqlx::Error> {
+        let inserted = bind_claim(sqlx::query(AssertSqlSafe(q.claim.clone())), &args)
+            .fetch_optional(&mut *conn)
+            .await?;
+        if inserted.is_some() {
+            return Ok(ClaimStep::Acquired);
+        }
+        Ok(ClaimStep::found(Self::read(conn, q, args.key_hash).await?))
+    }
     shared_statements!(SqliteConnection);
 
     async fn set_lock_timeout(_: &mut SqliteConnection, _: Duration) -> Result<(), sqlx::Error> {
