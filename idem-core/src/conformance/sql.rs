@@ -275,13 +275,7 @@ pub async fn completed_key_answers_without_waiting_on_its_row<DB: TestSql>(
     store: Arc<SqlStore<DB>>,
 ) {
     let (key, _) = fresh_key("no-wait");
-    let Claim::Acquired(owner) = store
-        .claim(&key, &fp(), LONG, OwnerToken::generate())
-        .await
-        .unwrap()
-    else {
-        panic!("fresh key");
-    };
+    let owner = super::acquire(&*store, &key, &fp(), LONG).await;
     store
         .complete(&key, &owner, &response(), LONG)
         .await
@@ -360,13 +354,7 @@ pub async fn migrate_twice_and_custom_table<DB: TestSql>(store: Arc<SqlStore<DB>
 /// `purge_expired` deletes expired rows in batches and leaves live ones.
 pub async fn purge_removes_only_expired_rows<DB: TestSql>(store: Arc<SqlStore<DB>>) {
     let (live, _) = fresh_key("purge-live");
-    let Claim::Acquired(owner) = store
-        .claim(&live, &fp(), LONG, OwnerToken::generate())
-        .await
-        .unwrap()
-    else {
-        panic!("fresh key");
-    };
+    let owner = super::acquire(&*store, &live, &fp(), LONG).await;
     for i in 0..5 {
         let (dead, _) = fresh_key(&format!("purge-dead-{i}"));
         let _ = store
