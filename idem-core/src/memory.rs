@@ -407,6 +407,50 @@ mod tests {
         }
     }
 
+    /// Threads race to claim the same keys while others fill the store with
+    /// large responses: every key has exactly one winner, because eviction
+    /// never touches a claim in flight.
+    #[test]
+    fn one_winner_per_key_under_eviction_pressure() {
+        let store = MemoryStore::with_max_bytes(64 * 1024);
+        let fp = Fingerprint::from_bytes([3; 32]);
+        let wins: Vec<std::sync::atomic::AtomicUsize> =
+            (0..500).map(|_| Default::default()).collect();
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    for (i, won) in wins.iter().enumerate() {
+                        let claim = block_on(store.claim(
+                            &key(i),
+                            &fp,
+                            Duration::from_secs(30),
+                            OwnerToken::generate(),
+                        ))
+                        .unwrap();
+                        if matches!(claim, Claim::Acquired(_)) {
+                            won.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+            for t in 0..2 {
+                let store = &store;
+                scope.spawn(move || {
+                    for i in 0..400 {
+                        let filler = key(10_000 + t * 1_000 + i);
+                        store_one(store, &filler, 2048, Duration::from_secs(60));
+                    }
+                });
+            }
+        });
+        for (i, won) in wins.iter().enumerate() {
+            assert_eq!(won.load(std::sync::atomic::Ordering::Relaxed), 1, "key {i}");
+        }
+        let (_, bytes) = held(&store);
+        // Over the budget only by the claims, which are never evicted.
+        assert!(bytes <= 64 * 1024 + 500 * (ENTRY_OVERHEAD + 16), "{bytes}");
+    }
+
     #[test]
     fn expired_records_are_swept_as_the_store_grows() {
         let store = MemoryStore::new();
