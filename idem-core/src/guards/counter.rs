@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::sql::{GuardConn, Ident, RowId, Value, config, db_error};
+use super::sql::{GuardConn, Ident, RowId, Value, config, db_error, update_one};
 use crate::{Error, ErrorKind};
 
 /// How many times a decrement retries when the re-read finds the row able
@@ -204,18 +204,8 @@ impl Counter {
         let reread = self.select::<C>(C::KIND.lock());
 
         for _ in 0..ATTEMPTS {
-            match conn
-                .execute(update.clone(), &args)
-                .await
-                .map_err(db_error)?
-            {
-                0 => {}
-                1 => return Ok(CounterUpdate::Applied),
-                rows => {
-                    return Err(config(format!(
-                        "{table}.{id_col} is not unique: a decrement moved {rows} rows"
-                    )));
-                }
+            if update_one(conn, &update, &args, (table, id_col), "a decrement").await? {
+                return Ok(CounterUpdate::Applied);
             }
             let Some(cols) = conn
                 .fetch_ints(reread.clone(), &[id.value()])

@@ -513,6 +513,30 @@ pub(crate) fn is_retryable(err: &Error) -> bool {
         .is_some_and(|code| matches!(code.as_ref(), "40001" | "40P01"))
 }
 
+/// Runs `update`, a conditional UPDATE of the one row whose `id_col` is the
+/// id it binds: `true` if it moved that row, `false` if the condition kept
+/// it (or there is none); a [`ErrorKind::Config`] error if it moved several,
+/// as `{table}.{id_col}` is then not unique. `what` names the change.
+pub(crate) async fn update_one<C: GuardConn>(
+    conn: &mut C,
+    update: &str,
+    args: &[Value<'_>],
+    (table, id_col): (&Ident, &Ident),
+    what: &str,
+) -> Result<bool, Error> {
+    match conn
+        .execute(update.to_owned(), args)
+        .await
+        .map_err(db_error)?
+    {
+        0 => Ok(false),
+        1 => Ok(true),
+        rows => Err(config(format!(
+            "{table}.{id_col} is not unique: {what} moved {rows} rows"
+        ))),
+    }
+}
+
 /// A database error, kept whole as the source.
 pub(crate) fn db_error(err: sqlx::Error) -> Error {
     Error::unavailable(err)

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::marker::PhantomData;
 
-use super::sql::{GuardConn, Ident, RowId, Value, config, db_error};
+use super::sql::{GuardConn, Ident, RowId, Value, config, db_error, update_one};
 use crate::{Error, ErrorKind};
 
 /// How many times a transition retries when the row moved back into a
@@ -194,18 +194,8 @@ impl<S: LifecycleState> StateMachine<S> {
         );
 
         for _ in 0..ATTEMPTS {
-            match conn
-                .execute(update.clone(), &args)
-                .await
-                .map_err(db_error)?
-            {
-                0 => {}
-                1 => return Ok(Transition::Applied),
-                n => {
-                    return Err(config(format!(
-                        "{table}.{id_col} is not unique: a transition moved {n} rows"
-                    )));
-                }
+            if update_one(conn, &update, &args, (table, id_col), "a transition").await? {
+                return Ok(Transition::Applied);
             }
             let Some(text) = conn
                 .fetch_text(reread.clone(), &[id.value()])
