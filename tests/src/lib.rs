@@ -6,6 +6,7 @@
 //! (defaults: the local services). Names (tenants, payment numbers) carry a
 //! per-harness nonce, since the SQL databases outlive a test run.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -277,6 +278,27 @@ impl Harness {
     /// with client key `key`.
     pub fn order(&self, tenant: &str, user: &str, key: &str, amount_cents: i64) -> Call {
         order(&self.unique(tenant), user, key, amount_cents)
+    }
+
+    /// Sends `copies` copies of `call` at once: each from a task of its own
+    /// (run the test on a multi-thread runtime for real parallelism), all
+    /// released together by a barrier. The replies, in task order.
+    pub async fn send_together(&self, copies: usize, call: Call) -> Vec<Reply> {
+        let barrier = Arc::new(tokio::sync::Barrier::new(copies));
+        let tasks: Vec<_> = (0..copies)
+            .map(|_| {
+                let (h, barrier, call) = (self.clone(), barrier.clone(), call.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    h.send(call).await
+                })
+            })
+            .collect();
+        let mut replies = Vec::with_capacity(copies);
+        for task in tasks {
+            replies.push(task.await.expect("a sending task"));
+        }
+        replies
     }
 
     /// Sends `call` and reads the whole reply.

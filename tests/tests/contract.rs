@@ -2,14 +2,12 @@
 //! app on the memory store, each case run twice: over real HTTP on loopback
 //! and through `oneshot`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
 use idem_examples::orders::{STARTING_BALANCE_CENTS, Wiring};
 use idem_tests::{Backend, Call, Harness, Via};
 use serde_json::json;
-use tokio::sync::Barrier;
 
 /// Runs each listed case on every backend (the memory store both over HTTP
 /// and through `oneshot`, each SQL database in transactional mode over
@@ -91,23 +89,11 @@ async fn same_request_ten_times_has_one_effect_and_nine_replays(h: Harness) {
 }
 
 async fn fifty_concurrent_copies_have_one_effect(h: Harness) {
-    let barrier = Arc::new(Barrier::new(50));
-    let tasks: Vec<_> = (0..50)
-        .map(|_| {
-            let (h, barrier) = (h.clone(), barrier.clone());
-            tokio::spawn(async move {
-                barrier.wait().await;
-                h.send(
-                    h.order("acme", "bob", "round-2", PRICE)
-                        .header("x-chaos-delay-ms", "200"),
-                )
-                .await
-            })
-        })
-        .collect();
+    let call = h
+        .order("acme", "bob", "round-2", PRICE)
+        .header("x-chaos-delay-ms", "200");
     let (mut created, mut replayed, mut in_flight) = (0, 0, 0);
-    for task in tasks {
-        let reply = task.await.unwrap();
+    for reply in h.send_together(50, call).await {
         match reply.status {
             StatusCode::CREATED if reply.replayed() => replayed += 1,
             StatusCode::CREATED => created += 1,
@@ -332,18 +318,8 @@ async fn payment_callback_repeated_fifteen_times_credits_once(h: Harness) {
 async fn concurrent_payment_callbacks_credit_once(h: Harness) {
     let no = h.unique("P-par");
     create_payment(&h, &no, 700).await;
-    let barrier = Arc::new(Barrier::new(15));
-    let tasks: Vec<_> = (0..15)
-        .map(|_| {
-            let (h, barrier, no) = (h.clone(), barrier.clone(), no.clone());
-            tokio::spawn(async move {
-                barrier.wait().await;
-                h.send(callback(&no, 700)).await
-            })
-        })
-        .collect();
-    for task in tasks {
-        let status = task.await.unwrap().status;
+    for reply in h.send_together(15, callback(&no, 700)).await {
+        let status = reply.status;
         assert!(
             matches!(status, StatusCode::OK | StatusCode::CONFLICT),
             "{status}"

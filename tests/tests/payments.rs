@@ -4,14 +4,12 @@
 //! (`credits`, `refunds` of `GET /payments/{payment_no}`), not guessed from
 //! answers.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
 use idem_examples::orders::Wiring;
-use idem_tests::{Backend, Call, Harness, Reply, Via};
+use idem_tests::{Backend, Call, Harness, Via};
 use serde_json::json;
-use tokio::sync::Barrier;
 
 /// A retention short enough to outlive in a test.
 const SHORT_RETENTION: Duration = Duration::from_millis(300);
@@ -127,19 +125,8 @@ async fn fifteen_concurrent_callbacks_credit_once(backend: Backend, via: Via, wi
     };
     let no = h.unique("P-par");
     create_payment(&h, &no, 700).await;
-    let barrier = Arc::new(Barrier::new(15));
-    let tasks: Vec<_> = (0..15)
-        .map(|_| {
-            let (h, barrier, no) = (h.clone(), barrier.clone(), no.clone());
-            tokio::spawn(async move {
-                barrier.wait().await;
-                h.send(callback(&no, 700)).await
-            })
-        })
-        .collect();
     let mut ok = 0;
-    for task in tasks {
-        let reply: Reply = task.await.unwrap();
+    for reply in h.send_together(15, callback(&no, 700)).await {
         match reply.status {
             StatusCode::OK => ok += 1,
             // Still running: the provider retries later, and gets the replay.
@@ -227,18 +214,7 @@ async fn refund_applies_once_and_only_to_a_paid_payment(
     assert_eq!(early.status, StatusCode::CONFLICT, "an unpaid payment");
     assert_eq!(ledger(&h, &no).await, ("WAIT_PAY".to_owned(), 0, 0));
     assert_eq!(h.send(callback(&no, 300)).await.status, StatusCode::OK);
-    let barrier = Arc::new(Barrier::new(10));
-    let tasks: Vec<_> = (0..10)
-        .map(|_| {
-            let (h, barrier, no) = (h.clone(), barrier.clone(), no.clone());
-            tokio::spawn(async move {
-                barrier.wait().await;
-                h.send(refund(&no)).await
-            })
-        })
-        .collect();
-    for task in tasks {
-        let reply = task.await.unwrap();
+    for reply in h.send_together(10, refund(&no)).await {
         assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
         assert_eq!(reply.json()["state"], "REFUNDED");
     }
