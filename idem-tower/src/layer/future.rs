@@ -8,8 +8,10 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// The response future of [`IdempotencyService`](super::IdempotencyService).
 ///
 /// Its work (buffer, claim, call, store) takes several awaits on the store,
-/// so it is one boxed future. Dropping it before it finishes releases the
-/// claim, so a disconnected client can retry at once.
+/// so it is one boxed future. Dropped before the service has answered (a
+/// client that disconnected), it releases the claim, so a retry may run at
+/// once; dropped after, the answer is still stored, on a task of its own:
+/// the service's effect has happened and must be replayed, not repeated.
 pub struct ResponseFuture<T> {
     inner: BoxFuture<T>,
 }
