@@ -131,18 +131,14 @@ enum PayState {
 }
 
 impl LifecycleState for PayState {
+    const ALL: &'static [Self] = &[Self::WaitPay, Self::Paid, Self::Refunded];
+
     fn as_str(&self) -> &'static str {
         match self {
             Self::WaitPay => "WAIT_PAY",
             Self::Paid => "PAID",
             Self::Refunded => "REFUNDED",
         }
-    }
-
-    fn from_stored(text: &str) -> Option<Self> {
-        [Self::WaitPay, Self::Paid, Self::Refunded]
-            .into_iter()
-            .find(|s| s.as_str() == text)
     }
 }
 

@@ -42,18 +42,14 @@ pub enum PaymentState {
 }
 
 impl LifecycleState for PaymentState {
+    const ALL: &'static [Self] = &[Self::WaitPay, Self::Paid, Self::Refunded];
+
     fn as_str(&self) -> &'static str {
         match self {
             Self::WaitPay => "WAIT_PAY",
             Self::Paid => "PAID",
             Self::Refunded => "REFUNDED",
         }
-    }
-
-    fn from_stored(text: &str) -> Option<Self> {
-        [Self::WaitPay, Self::Paid, Self::Refunded]
-            .into_iter()
-            .find(|state| state.as_str() == text)
     }
 }
 

@@ -39,11 +39,9 @@
 //! enum Pay { WaitPay, Paid }
 //!
 //! impl LifecycleState for Pay {
+//!     const ALL: &'static [Self] = &[Pay::WaitPay, Pay::Paid];
 //!     fn as_str(&self) -> &'static str {
 //!         match self { Pay::WaitPay => "WAIT_PAY", Pay::Paid => "PAID" }
-//!     }
-//!     fn from_stored(text: &str) -> Option<Self> {
-//!         match text { "WAIT_PAY" => Some(Pay::WaitPay), "PAID" => Some(Pay::Paid), _ => None }
 //!     }
 //! }
 //!

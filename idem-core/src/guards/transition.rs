@@ -20,6 +20,8 @@ const ATTEMPTS: usize = 4;
 /// enum Shipment { Packed, Shipped, Delivered }
 ///
 /// impl LifecycleState for Shipment {
+///     const ALL: &'static [Self] = &[Self::Packed, Self::Shipped, Self::Delivered];
+///
 ///     fn as_str(&self) -> &'static str {
 ///         match self {
 ///             Self::Packed => "PACKED",
@@ -27,22 +29,25 @@ const ATTEMPTS: usize = 4;
 ///             Self::Delivered => "DELIVERED",
 ///         }
 ///     }
-///     fn from_stored(text: &str) -> Option<Self> {
-///         [Self::Packed, Self::Shipped, Self::Delivered]
-///             .into_iter()
-///             .find(|s| s.as_str() == text)
-///     }
 /// }
 ///
 /// assert_eq!(Shipment::from_stored("SHIPPED"), Some(Shipment::Shipped));
+/// assert_eq!(Shipment::from_stored("LOST"), None);
 /// ```
 pub trait LifecycleState: Copy + PartialEq + fmt::Debug + Send + Sync + 'static {
+    /// Every state.
+    const ALL: &'static [Self];
+
     /// The text the state column holds for this state.
     fn as_str(&self) -> &'static str;
 
     /// The state the column's `text` stands for; `None` if it is none of
-    /// them (reported as [`ErrorKind::Corrupt`]).
-    fn from_stored(text: &str) -> Option<Self>;
+    /// them (reported as [`ErrorKind::Corrupt`]). By default, the state of
+    /// [`ALL`](LifecycleState::ALL) whose [`as_str`](LifecycleState::as_str)
+    /// is `text`.
+    fn from_stored(text: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|s| s.as_str() == text)
+    }
 }
 
 /// What a [`StateMachine::transition`] did.
@@ -95,11 +100,9 @@ impl<S> Transition<S> {
 /// #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 /// enum Pay { WaitPay, Paid, Refunded }
 /// impl LifecycleState for Pay {
+///     const ALL: &'static [Self] = &[Pay::WaitPay, Pay::Paid, Pay::Refunded];
 ///     fn as_str(&self) -> &'static str {
 ///         match self { Pay::WaitPay => "WAIT_PAY", Pay::Paid => "PAID", Pay::Refunded => "REFUNDED" }
-///     }
-///     fn from_stored(text: &str) -> Option<Self> {
-///         [Pay::WaitPay, Pay::Paid, Pay::Refunded].into_iter().find(|s| s.as_str() == text)
 ///     }
 /// }
 ///
