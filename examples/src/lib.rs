@@ -4,4 +4,5 @@
 
 pub mod consumer;
 pub mod orders;
+pub mod placeholders;
 pub mod sql_pool;

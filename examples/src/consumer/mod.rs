@@ -25,6 +25,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::placeholders::positional;
 use crate::sql_pool::SqlPool;
 use async_nats::jetstream::{self, AckKind, consumer::pull, stream};
 use futures_util::StreamExt;
@@ -202,23 +203,6 @@ CREATE TABLE IF NOT EXISTS consumer_ledger (
 const RETURNING_UPSERT: &str = "INSERT INTO consumer_accounts (account, balance_cents) \
      VALUES ($1, $2) ON CONFLICT (account) \
      DO UPDATE SET balance_cents = consumer_accounts.balance_cents + excluded.balance_cents";
-
-/// `$1`, `$2`, ... as MySQL's `?`, one per occurrence.
-fn positional(sql: &str) -> String {
-    let mut out = String::with_capacity(sql.len());
-    let mut chars = sql.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '$' && chars.peek().is_some_and(char::is_ascii_digit) {
-            while chars.peek().is_some_and(char::is_ascii_digit) {
-                chars.next();
-            }
-            out.push('?');
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
 
 ledger_sql!(
     Postgres,
@@ -418,16 +402,5 @@ async fn ack(message: &jetstream::Message, kind: AckKind) {
     // A lost acknowledgement only means a redelivery, which the inbox skips.
     if let Err(err) = message.ack_with(kind).await {
         tracing::warn!(%err, "acknowledgement failed; the message will be redelivered");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn positional_parameters_for_mysql() {
-        assert_eq!(
-            super::positional("a LIKE $1 AND b LIKE $1"),
-            "a LIKE ? AND b LIKE ?"
-        );
     }
 }

@@ -22,6 +22,7 @@ use idem_tower::core::sql::sqlx::{
 
 use super::BoxError;
 use super::db::{Order, Payment, PaymentState, STARTING_BALANCE_CENTS, TransitionError};
+use crate::placeholders::positional;
 
 /// The payments lifecycle: `orders_payments.state`, keyed by `payment_no`.
 static PAYMENTS: LazyLock<StateMachine<PaymentState>> = LazyLock::new(|| {
@@ -368,24 +369,6 @@ CREATE TABLE IF NOT EXISTS orders_ledger (
     amount_cents BIGINT NOT NULL, INDEX orders_ledger_payment (payment_no)) ENGINE = InnoDB;
 ";
 
-/// `$1`, `$2`, ... as MySQL's `?`: right for statements that name each
-/// parameter once, in order, as the shared queries do.
-fn positional(sql: &str) -> String {
-    let mut out = String::with_capacity(sql.len());
-    let mut chars = sql.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '$' && chars.peek().is_some_and(char::is_ascii_digit) {
-            while chars.peek().is_some_and(char::is_ascii_digit) {
-                chars.next();
-            }
-            out.push('?');
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 impl OrdersSql for MySql {
     shared_queries!(positional);
 
@@ -444,17 +427,5 @@ impl OrdersSql for MySql {
         .execute(pool)
         .await?;
         Ok(done.rows_affected() == 1)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn positional_parameters_for_mysql() {
-        assert_eq!(
-            super::positional("UPDATE t SET a = $1 WHERE b = $2 AND c = $10"),
-            "UPDATE t SET a = ? WHERE b = ? AND c = ?"
-        );
-        assert_eq!(super::positional("SELECT '$' || x"), "SELECT '$' || x");
     }
 }
