@@ -214,20 +214,20 @@ impl<DB: Dialect> SqlStore<DB> {
         }
     }
 
-    /// Claims on `conn`, retrying while the row in the way vanishes or
-    /// expires between statements.
+    /// Claims on `conn` (`key_hash` is `key`'s), retrying while the row in
+    /// the way vanishes or expires between statements.
     async fn claim_on(
         &self,
         conn: &mut DB::Connection,
         key: &IdempotencyKey,
+        key_hash: &[u8; 32],
         fingerprint: &Fingerprint,
         lease: Duration,
         owner: OwnerToken,
     ) -> Result<Claim, sqlx::Error> {
-        let key_hash = key_hash(key);
         for _ in 0..CLAIM_ATTEMPTS {
             let args = ClaimArgs {
-                key_hash: &key_hash,
+                key_hash,
                 key: key.as_str(),
                 fingerprint,
                 owner: &owner,
@@ -297,6 +297,7 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         owner: OwnerToken,
     ) -> Result<Claim, Error> {
         let mut conn = self.inner.pool.acquire().await.map_err(unavailable)?;
+        let hash = key_hash(key);
         // Read first: a duplicate of a live record is answered from a plain
         // read, without writing or locking anything. The upsert would lock
         // the row even when it changes nothing (PostgreSQL: a row lock and WAL
@@ -304,17 +305,17 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         // it; MySQL/MariaDB: an exclusive record lock; SQLite: the database's
         // write lock). The read sees committed rows only and acquires
         // nothing: absent and expired keys still go to the upsert, which
-        // alone decides who acquires.
-        // On PostgreSQL the claim statement itself reads first.
+        // alone decides who acquires. On PostgreSQL the claim statement
+        // itself reads first.
         if !DB::CLAIM_READS_FIRST
-            && let Some(row) = DB::read(&mut conn, &self.inner.queries, &key_hash(key))
+            && let Some(row) = DB::read(&mut conn, &self.inner.queries, &hash)
                 .await
                 .map_err(unavailable)?
             && let Some(answer) = row.answer(fingerprint)?
         {
             return Ok(answer);
         }
-        self.claim_on(&mut conn, key, fingerprint, lease, owner)
+        self.claim_on(&mut conn, key, &hash, fingerprint, lease, owner)
             .await
             .map_err(unavailable)
     }
@@ -388,12 +389,16 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
             // and a reader that another connection's commit overtook cannot
             // become the writer (SQLITE_BUSY_SNAPSHOT: "in flight" instead of
             // waiting and replaying).
-            match self.claim_on(&mut tx, key, fingerprint, lease, owner).await {
+            let hash = key_hash(key);
+            match self
+                .claim_on(&mut tx, key, &hash, fingerprint, lease, owner)
+                .await
+            {
                 Ok(Claim::Acquired(owner)) => Ok(TransactionalClaim::Acquired(Box::new(
                     SqlClaimTransaction {
                         slot: TxSlot::new(tx),
                         store: self.clone(),
-                        key_hash: key_hash(key),
+                        key_hash: hash,
                         owner,
                     },
                 ))),
