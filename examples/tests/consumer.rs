@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer::pull};
 use idem_examples::consumer::{Ledger, Summary, Transfer, publish, stream};
-use idem_tower::core::conformance::{server_missing, server_url};
+use idem_tower::core::conformance::{mysql_url, postgres_url, server_missing, server_url};
 
 /// Transfers published before the first consumer starts, and after it is
 /// killed.
@@ -229,10 +229,7 @@ async fn sqlite_consumer_credits_each_transfer_once_across_a_kill_9() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_consumer_credits_each_transfer_once_across_a_kill_9() {
-    let url = server_url(
-        "IDEM_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
+    let url = postgres_url();
     if reachable("PostgreSQL", &url, "127.0.0.1:5432").await {
         every_transfer_credited_once_across_a_kill_9("postgres", &url).await;
     }
@@ -240,7 +237,7 @@ async fn postgres_consumer_credits_each_transfer_once_across_a_kill_9() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_consumer_credits_each_transfer_once_across_a_kill_9() {
-    let url = server_url("IDEM_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+    let url = mysql_url();
     if reachable("MySQL/MariaDB", &url, "127.0.0.1:3306").await {
         every_transfer_credited_once_across_a_kill_9("mysql", &url).await;
     }

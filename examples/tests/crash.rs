@@ -7,7 +7,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use idem_tower::core::conformance::{server_missing, server_url};
+use idem_tower::core::conformance::{mysql_url, postgres_url, server_missing};
 use serde_json::{Value, json};
 use support::Orders;
 
@@ -128,10 +128,7 @@ async fn sqlite_crash_mid_handler_leaves_no_partial_effect() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_crash_mid_handler_leaves_no_partial_effect() {
-    let url = server_url(
-        "IDEM_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
+    let url = postgres_url();
     if reachable("PostgreSQL", &url, "127.0.0.1:5432").await {
         kill_mid_handler_then_retry_once(&url).await;
     }
@@ -139,7 +136,7 @@ async fn postgres_crash_mid_handler_leaves_no_partial_effect() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_crash_mid_handler_leaves_no_partial_effect() {
-    let url = server_url("IDEM_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+    let url = mysql_url();
     if reachable("MySQL/MariaDB", &url, "127.0.0.1:3306").await {
         kill_mid_handler_then_retry_once(&url).await;
     }

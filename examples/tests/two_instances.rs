@@ -6,7 +6,7 @@ mod support;
 
 use std::sync::Arc;
 
-use idem_tower::core::conformance::{server_missing, server_url};
+use idem_tower::core::conformance::{postgres_url, redis_url, server_missing};
 use serde_json::{Value, json};
 use support::Orders;
 use tokio::sync::Barrier;
@@ -22,11 +22,8 @@ async fn reachable(what: &str, url: &str, addr: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fifty_copies_across_two_instances_make_one_order() {
-    let database = server_url(
-        "IDEM_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
-    let redis = server_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    let database = postgres_url();
+    let redis = redis_url();
     if !reachable("PostgreSQL", &database, "127.0.0.1:5432").await
         || !reachable("Redis", &redis, redis.trim_start_matches("redis://")).await
     {

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use idem_core::ErrorKind;
 use idem_core::conformance::sql::TestSql;
-use idem_core::conformance::{server_missing, server_url};
+use idem_core::conformance::{mysql_url, postgres_url, redis_url, server_missing};
 use idem_core::guards::redis::aio::ConnectionManager;
 use idem_core::guards::{
     Counter, CounterUpdate, Delivery, DuplicateOf, GuardDb, Inbox, LifecycleState, ProcessError,
@@ -33,10 +33,7 @@ fn nonce() -> String {
 }
 
 async fn postgres() -> Option<Pool<sqlx::Postgres>> {
-    let url = server_url(
-        "IDEM_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
+    let url = postgres_url();
     match sqlx::postgres::PgPoolOptions::new()
         .max_connections(16)
         .acquire_timeout(Duration::from_secs(60))
@@ -49,7 +46,7 @@ async fn postgres() -> Option<Pool<sqlx::Postgres>> {
 }
 
 async fn mysql() -> Option<Pool<sqlx::MySql>> {
-    let url = server_url("IDEM_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+    let url = mysql_url();
     match sqlx::mysql::MySqlPoolOptions::new()
         .max_connections(16)
         .acquire_timeout(Duration::from_secs(60))
@@ -80,7 +77,7 @@ async fn sqlite() -> Option<Pool<sqlx::Sqlite>> {
 }
 
 async fn redis() -> Option<ConnectionManager> {
-    let url = server_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    let url = redis_url();
     let client = match idem_core::guards::redis::Client::open(url.as_str()) {
         Ok(client) => client,
         Err(err) => return server_missing("Redis", &url, err),

@@ -2,12 +2,12 @@
 //! default `redis://127.0.0.1:6379`).
 #![cfg(all(feature = "test-util", feature = "redis"))]
 
-use idem_core::conformance::{server_missing, server_url};
+use idem_core::conformance::{redis_url, server_missing};
 use idem_core::redis::RedisStore;
 use redis::aio::ConnectionManager;
 
 async fn redis() -> Option<RedisStore<ConnectionManager>> {
-    let url = server_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    let url = redis_url();
     let client = redis::Client::open(url.as_str()).expect("a Redis URL");
     match client.get_connection_manager().await {
         Ok(conn) => Some(RedisStore::new(conn)),

@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use idem_core::conformance::{server_missing, server_url};
+use idem_core::conformance::{mysql_url, postgres_url, server_missing};
 use idem_core::sql::sqlx::mysql::MySqlPoolOptions;
 use idem_core::sql::sqlx::postgres::PgPoolOptions;
 use idem_core::sql::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
@@ -21,10 +21,7 @@ use idem_core::sql::{MySqlStore, PgStore, SqliteStore};
 const LOCK_TIMEOUT: Duration = Duration::from_secs(1);
 
 async fn postgres() -> Option<PgStore> {
-    let url = server_url(
-        "IDEM_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
+    let url = postgres_url();
     let pool = match PgPoolOptions::new().max_connections(80).connect(&url).await {
         Ok(pool) => pool,
         Err(err) => return server_missing("PostgreSQL", &url, err),
@@ -35,7 +32,7 @@ async fn postgres() -> Option<PgStore> {
 }
 
 async fn mysql() -> Option<MySqlStore> {
-    let url = server_url("IDEM_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+    let url = mysql_url();
     let pool = match MySqlPoolOptions::new()
         .max_connections(80)
         .connect(&url)

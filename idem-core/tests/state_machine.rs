@@ -767,15 +767,12 @@ mod sql {
     #[cfg(feature = "postgres")]
     #[test]
     fn postgres_store_keeps_one_owner_and_every_response() {
-        use idem_core::conformance::{server_missing, server_url};
+        use idem_core::conformance::{postgres_url, server_missing};
         use idem_core::sql::PgStore;
         use idem_core::sql::sqlx::postgres::PgPoolOptions;
 
         let runtime = runtime();
-        let url = server_url(
-            "IDEM_TEST_POSTGRES_URL",
-            "postgres://postgres@127.0.0.1:5432/test",
-        );
+        let url = postgres_url();
         let store = runtime.block_on(async {
             match PgPoolOptions::new().max_connections(8).connect(&url).await {
                 Ok(pool) => {
@@ -794,12 +791,12 @@ mod sql {
     #[cfg(feature = "mysql")]
     #[test]
     fn mysql_store_keeps_one_owner_and_every_response() {
-        use idem_core::conformance::{server_missing, server_url};
+        use idem_core::conformance::{mysql_url, server_missing};
         use idem_core::sql::MySqlStore;
         use idem_core::sql::sqlx::mysql::MySqlPoolOptions;
 
         let runtime = runtime();
-        let url = server_url("IDEM_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+        let url = mysql_url();
         let store = runtime.block_on(async {
             match MySqlPoolOptions::new()
                 .max_connections(8)

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::conformance::{RedisServer, server_missing, server_url};
+use idem_core::conformance::{RedisServer, postgres_url, redis_url, server_missing};
 use idem_core::redis::RedisStore;
 use idem_core::sql::PgStore;
 use idem_core::sql::sqlx::postgres::PgPoolOptions;
@@ -17,10 +17,7 @@ use redis::aio::ConnectionManager;
 type Tiered = TieredStore<ConnectionManager, PgStore>;
 
 async fn truth() -> Option<PgStore> {
-    let url = server_url(
-        "IDEM_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
+    let url = postgres_url();
     let pool = match PgPoolOptions::new().max_connections(80).connect(&url).await {
         Ok(pool) => pool,
         Err(err) => return server_missing("PostgreSQL", &url, err),
@@ -40,7 +37,7 @@ async fn gate(url: &str) -> Option<RedisStore<ConnectionManager>> {
 
 /// The shared Redis in front of the shared PostgreSQL.
 async fn tiered() -> Option<Tiered> {
-    let url = server_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    let url = redis_url();
     Some(TieredStore::new(gate(&url).await?, truth().await?))
 }
 

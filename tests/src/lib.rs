@@ -15,7 +15,7 @@ use http::{HeaderMap, Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use idem_examples::orders::{App, Wiring};
 use idem_tower::IdempotencyBuilder;
-use idem_tower::core::conformance::{server_missing, server_url};
+use idem_tower::core::conformance::{mysql_url, postgres_url, redis_url, server_missing};
 use serde_json::Value;
 use tower::ServiceExt;
 
@@ -61,11 +61,8 @@ impl Backend {
                 let path = std::env::temp_dir().join(format!("idem-orders-{}.db", nonce()));
                 return Some(format!("sqlite://{}", path.display()));
             }
-            Self::Postgres | Self::PostgresWithRedis => server_url(
-                "IDEM_TEST_POSTGRES_URL",
-                "postgres://postgres@127.0.0.1:5432/test",
-            ),
-            Self::MySql => server_url("IDEM_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"),
+            Self::Postgres | Self::PostgresWithRedis => postgres_url(),
+            Self::MySql => mysql_url(),
         };
         let addr = url
             .split('@')
@@ -82,7 +79,7 @@ impl Backend {
     pub async fn redis_url(self) -> Option<Option<String>> {
         match self {
             Self::Redis | Self::PostgresWithRedis => {
-                let url = server_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+                let url = redis_url();
                 let addr = url.trim_start_matches("redis://").to_owned();
                 reachable("Redis", &url, &addr).await.then_some(Some(url))
             }

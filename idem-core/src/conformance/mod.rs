@@ -374,6 +374,27 @@ pub fn server_url(var: &str, default: &str) -> String {
     std::env::var(var).unwrap_or_else(|_| default.to_owned())
 }
 
+/// The PostgreSQL server of the tests: `IDEM_TEST_POSTGRES_URL`, or
+/// `postgres://postgres@127.0.0.1:5432/test`.
+pub fn postgres_url() -> String {
+    server_url(
+        "IDEM_TEST_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    )
+}
+
+/// The MySQL/MariaDB server of the tests: `IDEM_TEST_MYSQL_URL`, or
+/// `mysql://root@127.0.0.1:3306/test`.
+pub fn mysql_url() -> String {
+    server_url("IDEM_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
+}
+
+/// The Redis server of the tests: `IDEM_TEST_REDIS_URL`, or
+/// `redis://127.0.0.1:6379`.
+pub fn redis_url() -> String {
+    server_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+}
+
 #[cfg(feature = "sql")]
 pub mod sql;
 
