@@ -1053,6 +1053,31 @@ async fn cancellation_after_the_handler_returned_does_not_run_it_again() {
     assert_eq!(count(&calls), 1);
 }
 
+/// On a store that answers at once, a first request settles inside its own
+/// future: no task is spawned for it. Polled once, with no tokio runtime to
+/// spawn on, it is done, and its response is stored.
+#[test]
+fn a_first_request_settles_in_place_without_a_task() {
+    let calls = calls();
+    let service = Idempotency::new(MemoryStore::new())
+        .layer()
+        .layer(counting(&calls, |n, _| async move { created(n) }));
+    let poll_once = |request| {
+        let mut future = std::pin::pin!(service.clone().oneshot(request));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match future.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(response) => response.expect("the service answers"),
+            std::task::Poll::Pending => panic!("the request waited on something"),
+        }
+    };
+
+    let first = poll_once(post("/orders", Some("k-in-place"), ORDER));
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let again = poll_once(post("/orders", Some("k-in-place"), ORDER));
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(count(&calls), 1);
+}
+
 // ---------------------------------------------------------------------------
 // leases
 
