@@ -115,21 +115,20 @@ impl Entry {
     }
 }
 
+/// Overwrites `slot`, a record of the shard whose byte count is `bytes`,
+/// with `entry`. (The slot borrows the shard's map, so the count comes apart.)
+fn replace(bytes: &mut u64, slot: &mut Entry, entry: Entry) {
+    *bytes = *bytes - slot.weight + entry.weight;
+    *slot = entry;
+}
+
 impl Shard {
-    /// Puts `entry` under `key`, keeping the byte count.
-    fn put(&mut self, key: &str, entry: Entry) {
+    /// Adds `entry` under `key`, which the shard does not hold.
+    fn insert(&mut self, key: &str, entry: Entry) {
         self.bytes += entry.weight;
-        match self.records.get_mut(key) {
-            Some(slot) => {
-                self.bytes -= slot.weight;
-                *slot = entry;
-            }
-            None => {
-                self.records.insert(key.into(), entry);
-                if self.records.len() > self.sweep_above {
-                    self.sweep(Instant::now());
-                }
-            }
+        self.records.insert(key.into(), entry);
+        if self.records.len() > self.sweep_above {
+            self.sweep(Instant::now());
         }
     }
 
@@ -225,8 +224,8 @@ impl MemoryStore {
     fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
         let shards = &self.inner.shards;
         let index = self.inner.hasher.hash_one(key) as usize & (shards.len() - 1);
-        // A panic never leaves a shard half-changed: every change is a
-        // single map operation followed by its byte count.
+        // A panic never leaves a shard half-changed: every change is one
+        // map operation and its byte count, neither of which can panic.
         shards[index].lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -239,16 +238,17 @@ impl MemoryStore {
         next: impl FnOnce(&Fingerprint, Instant) -> Option<Entry>,
     ) -> Result<(), Error> {
         let key = key.as_str();
-        let mut shard = self.shard(key);
+        let mut guard = self.shard(key);
+        let shard = &mut *guard;
         let now = Instant::now();
         let entry = shard
             .records
-            .get(key)
+            .get_mut(key)
             .filter(|entry| entry.holder(now) == Some(owner))
             .ok_or_else(Error::lease_lost)?;
         match next(entry.record.fingerprint(), now) {
             Some(next) => {
-                shard.put(key, next);
+                replace(&mut shard.bytes, entry, next);
                 shard.fit(self.inner.shard_budget, key, now);
             }
             None => shard.remove(key),
@@ -273,19 +273,29 @@ impl IdempotencyStore for MemoryStore {
     ) -> Result<Claim, Error> {
         let key = key.as_str();
         let found = {
-            let mut shard = self.shard(key);
+            let mut guard = self.shard(key);
+            let shard = &mut *guard;
             let now = Instant::now();
-            match shard.records.get(key).filter(|entry| entry.live(now)) {
-                Some(entry) => (
+            let claimed = || {
+                let record = Record::InFlight {
+                    owner,
+                    fingerprint: *fingerprint,
+                };
+                Entry::new(key, record, now + lease)
+            };
+            // One lookup: a live record answers, an expired one is taken
+            // over in place, an absent key is added.
+            match shard.records.get_mut(key) {
+                Some(entry) if entry.live(now) => (
                     entry.record.clone(),
                     entry.expires_at.saturating_duration_since(now),
                 ),
+                Some(expired) => {
+                    replace(&mut shard.bytes, expired, claimed());
+                    return Ok(Claim::Acquired(owner));
+                }
                 None => {
-                    let record = Record::InFlight {
-                        owner,
-                        fingerprint: *fingerprint,
-                    };
-                    shard.put(key, Entry::new(key, record, now + lease));
+                    shard.insert(key, claimed());
                     return Ok(Claim::Acquired(owner));
                 }
             }
