@@ -331,16 +331,11 @@ mod tests {
     use super::*;
     use crate::StoredResponse;
     use bytes::Bytes;
+    use futures_util::FutureExt;
     use http::{HeaderMap, StatusCode};
 
     fn block_on<T>(future: impl std::future::Future<Output = T>) -> T {
-        let waker = std::task::Waker::noop();
-        let mut cx = std::task::Context::from_waker(waker);
-        let mut future = std::pin::pin!(future);
-        match future.as_mut().poll(&mut cx) {
-            std::task::Poll::Ready(value) => value,
-            std::task::Poll::Pending => unreachable!("the memory store never waits"),
-        }
+        future.now_or_never().expect("the memory store never waits")
     }
 
     fn response(bytes: usize) -> Outcome {

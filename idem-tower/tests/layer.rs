@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use bytes::Bytes;
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use idem_core::{Claim, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
@@ -1063,12 +1063,12 @@ fn a_first_request_settles_in_place_without_a_task() {
         .layer()
         .layer(counting(&calls, |n, _| async move { created(n) }));
     let poll_once = |request| {
-        let mut future = std::pin::pin!(service.clone().oneshot(request));
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        match future.as_mut().poll(&mut cx) {
-            std::task::Poll::Ready(response) => response.expect("the service answers"),
-            std::task::Poll::Pending => panic!("the request waited on something"),
-        }
+        service
+            .clone()
+            .oneshot(request)
+            .now_or_never()
+            .expect("the request waited on something")
+            .expect("the service answers")
     };
 
     let first = poll_once(post("/orders", Some("k-in-place"), ORDER));
