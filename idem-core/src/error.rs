@@ -22,8 +22,10 @@ pub enum ErrorKind {
     LeaseLost,
     /// The backend returned a record this version cannot decode.
     Corrupt,
-    /// The store was configured with something it cannot use (a table name
-    /// that is not an identifier, an unsupported server version).
+    /// Something was configured that cannot work: a table name that is not
+    /// an identifier, an unsupported server version, a key template that
+    /// does not parse or names a part nothing supplies, transactional mode
+    /// on a store without transactions. The source says which.
     Config,
 }
 
@@ -33,7 +35,7 @@ impl fmt::Display for ErrorKind {
             Self::Unavailable => "idempotency store unavailable",
             Self::LeaseLost => "idempotency lease lost to another owner",
             Self::Corrupt => "idempotency record could not be decoded",
-            Self::Config => "idempotency store misconfigured",
+            Self::Config => "idempotency misconfigured",
         })
     }
 }
@@ -98,7 +100,13 @@ impl fmt::Debug for Error {
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.kind, f)
+        fmt::Display::fmt(&self.kind, f)?;
+        // A configuration error is read by whoever wrote the configuration:
+        // say what is wrong, not only that something is.
+        match (&self.kind, &self.source) {
+            (ErrorKind::Config, Some(source)) => write!(f, ": {source}"),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -113,5 +121,12 @@ impl std::error::Error for Error {
 impl From<ErrorKind> for Error {
     fn from(kind: ErrorKind) -> Self {
         Self::from_kind(kind)
+    }
+}
+
+impl From<crate::TemplateError> for Error {
+    /// A key template that does not parse is a configuration error.
+    fn from(err: crate::TemplateError) -> Self {
+        Self::new(ErrorKind::Config, err)
     }
 }

@@ -80,7 +80,7 @@ pub mod guards;
 pub use error::{BoxError, Error, ErrorKind};
 pub use fingerprint::{Fingerprint, FingerprintSpec};
 pub use key::{
-    DEFAULT_NAMESPACE, IdempotencyKey, KeyError, KeyTemplate, MAX_PART_LEN, Placeholder,
+    DEFAULT_NAMESPACE, IdempotencyKey, KeyError, KeyScope, KeyTemplate, MAX_PART_LEN, Placeholder,
     RequestView, TemplateError, TemplateErrorKind,
 };
 #[cfg(feature = "memory")]

@@ -1,17 +1,10 @@
 //! Axum integration: the matched route, its path parameters, and the handle
 //! as an extractor.
 
-use axum::extract::{FromRef, FromRequestParts, MatchedPath, RawPathParams};
+use axum::extract::{FromRef, FromRequestParts, RawPathParams};
 use http::request::Parts;
 
 use crate::Idempotency;
-
-pub(crate) fn matched_route(parts: &Parts) -> Option<&str> {
-    parts
-        .extensions
-        .get::<MatchedPath>()
-        .map(MatchedPath::as_str)
-}
 
 pub(crate) async fn path_params(parts: &mut Parts) -> Option<Vec<(String, String)>> {
     let params = RawPathParams::from_request_parts(parts, &()).await.ok()?;

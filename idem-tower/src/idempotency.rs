@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, StatusCode, header};
-use idem_core::{IdempotencyStore, KeyTemplate, TemplateError};
+use idem_core::{Error, ErrorKind, IdempotencyStore, KeyTemplate, Placeholder};
 
 use crate::collisions::{Collision, Collisions};
 use crate::dyn_store::DynStore;
@@ -21,6 +21,9 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
 /// The default cap on a stored response body, in bytes.
 pub const DEFAULT_MAX_STORED_RESPONSE: usize = 256 * 1024;
+/// The default `Retry-After` of the 409 a duplicate gets while the first
+/// request runs (never more than the first's remaining lease).
+pub const DEFAULT_IN_FLIGHT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// Response headers replayed by default (besides any added with
 /// [`IdempotencyBuilder::replay_header`]).
@@ -93,6 +96,8 @@ pub(crate) struct Config {
     pub(crate) in_flight: InFlight,
     pub(crate) keep: KeepFn,
     pub(crate) unavailable_retry_after: Duration,
+    pub(crate) in_flight_retry_after: Duration,
+    pub(crate) safe_methods_pass_through: bool,
     pub(crate) collisions: Collisions,
 }
 
@@ -112,7 +117,7 @@ pub(crate) struct Config {
 /// // One layer per route, each with its own key template.
 /// let layer = idem.layer_with_key("order-create:{tenant}:{header:idempotency-key}")?;
 /// # let _ = layer;
-/// # Ok::<(), idem_tower::TemplateError>(())
+/// # Ok::<(), idem_tower::Error>(())
 /// ```
 #[derive(Clone)]
 pub struct Idempotency {
@@ -142,6 +147,8 @@ impl Idempotency {
                 in_flight: InFlight::Reject,
                 keep: keep_deterministic,
                 unavailable_retry_after: Duration::from_secs(1),
+                in_flight_retry_after: DEFAULT_IN_FLIGHT_RETRY_AFTER,
+                safe_methods_pass_through: true,
                 collisions: Collisions::default(),
             },
         }
@@ -166,8 +173,46 @@ impl Idempotency {
 
     /// A layer with its own key template, such as
     /// `pay-callback:{path:payment_no}`. The template is checked here, once.
-    pub fn layer_with_key(&self, template: &str) -> Result<IdempotencyLayer, TemplateError> {
-        Ok(IdempotencyLayer::new(self.clone(), template.parse()?))
+    ///
+    /// Fails with [`ErrorKind::Config`] if the template does not parse, or
+    /// names `{tenant}` or `{user}` and the handle has no resolver for it:
+    /// every request would be refused for something only the server can
+    /// supply.
+    ///
+    /// ```
+    /// use idem_tower::{ErrorKind, Idempotency, MemoryStore};
+    ///
+    /// let idem = Idempotency::new(MemoryStore::new());
+    /// let err = idem.layer_with_key("order:{user}:{header:idempotency-key}").unwrap_err();
+    /// assert_eq!(err.kind(), ErrorKind::Config);
+    /// assert!(err.to_string().contains("no user resolver"));
+    /// ```
+    pub fn layer_with_key(&self, template: &str) -> Result<IdempotencyLayer, Error> {
+        let template: KeyTemplate = template.parse()?;
+        if let Some(why) = self.missing_resolver(&template) {
+            return Err(Error::new(ErrorKind::Config, why));
+        }
+        Ok(IdempotencyLayer::new(self.clone(), template))
+    }
+
+    /// What is wrong if `template` names `{tenant}` or `{user}` and this
+    /// handle has no resolver for it.
+    pub(crate) fn missing_resolver(&self, template: &KeyTemplate) -> Option<String> {
+        [
+            (Placeholder::Tenant, &self.config.tenant, "tenant"),
+            (Placeholder::User, &self.config.user, "user"),
+        ]
+        .into_iter()
+        .find(|(placeholder, resolver, _)| {
+            resolver.is_none() && template.placeholders().any(|p| p == placeholder)
+        })
+        .map(|(placeholder, _, method)| {
+            format!(
+                "the key template `{template}` names {{{placeholder}}}, and the Idempotency \
+                 handle has no {method} resolver: add `.{method}(Resolver::...)` to \
+                 Idempotency::builder"
+            )
+        })
     }
 
     /// The name of the header that carries the client's key.
@@ -289,6 +334,24 @@ impl IdempotencyBuilder {
     /// The `Retry-After` sent with 503 when the store is unavailable (1 s).
     pub fn unavailable_retry_after(mut self, after: Duration) -> Self {
         self.config.unavailable_retry_after = after;
+        self
+    }
+
+    /// The `Retry-After` of the 409 a duplicate gets while the first
+    /// request still runs ([`DEFAULT_IN_FLIGHT_RETRY_AFTER`], 1 s). It is
+    /// never more than the first request's remaining lease: once that ends,
+    /// a retry may take the key over.
+    pub fn in_flight_retry_after(mut self, after: Duration) -> Self {
+        self.config.in_flight_retry_after = after;
+        self
+    }
+
+    /// Whether requests with a safe method (GET, HEAD, OPTIONS, TRACE) pass
+    /// through the layer untouched, so one layer can sit on a whole router
+    /// (`true`, the default). With `false` they are deduplicated like any
+    /// other.
+    pub fn safe_methods_pass_through(mut self, pass: bool) -> Self {
+        self.config.safe_methods_pass_through = pass;
         self
     }
 

@@ -15,7 +15,7 @@
 //!     (StatusCode::CREATED, Json(order))
 //! }
 //!
-//! # fn main() -> Result<(), idem_tower::TemplateError> {
+//! # fn main() -> Result<(), idem_tower::Error> {
 //! let idem = Idempotency::builder(MemoryStore::new())
 //!     .tenant(Resolver::header("x-tenant-id"))
 //!     .build();
@@ -29,8 +29,34 @@
 //!
 //! Keys are templates (see [`KeyTemplate`]): `{tenant}`, `{user}`,
 //! `{header:NAME}`, `{path:NAME}`, `{query:NAME}`, `{body:/json/pointer}`,
-//! `{method}`, `{route}`. A part that resolves to nothing is a 400 naming
-//! it, never a shorter key.
+//! `{method}`, `{route}`. A part the client should have sent and did not is
+//! a 400 naming it, never a shorter key; a part only the server supplies
+//! (`{user}` without a user resolver, a `{path:NAME}` the route lacks) is
+//! refused when the layer is built ([`ErrorKind::Config`]) or, where only a
+//! request can tell, answered 500 with an error log.
+//!
+//! # Whose record
+//!
+//! A record is bound to the caller who created it: the tenant and user the
+//! handle's [`Resolver`]s find are part of the stored key whether or not the
+//! template names them, so one caller is never replayed another's response.
+//! Resolve them from what your application already trusts:
+//! [`Resolver::from_extractor`] runs the extractor your handlers
+//! authenticate with (its rejection, such as a 401, is the answer, and
+//! nothing is claimed). A key every caller shares is an explicit opt-in:
+//! [`IdempotencyLayer::shared_across_callers`].
+//!
+//! # What runs when
+//!
+//! Safe methods (GET, HEAD, OPTIONS, TRACE) pass through untouched, so one
+//! layer can sit on a whole router. For the others: the resolvers, then the
+//! body (buffered up to a cap), the key and the fingerprint, then the claim
+//! and the replay decision; only then the inner service, where an axum
+//! handler's own extractors run. A request they refuse changed nothing and
+//! must not burn its key: `#[idempotent]` handlers keep only what their
+//! function returned, and a layer added by hand does the same with
+//! [`IdempotencyLayer::require_handler_ran`] and handlers that mark their
+//! responses with [`HandlerRan`].
 //!
 //! # The `#[idempotent]` attribute
 //!
@@ -60,10 +86,47 @@
 //! once per handler; the key template and every other argument are checked
 //! at compile time. The attribute's own docs list its arguments.
 //!
+//! # Stores
+//!
+//! | store | feature | use |
+//! |---|---|---|
+//! | [`MemoryStore`] | `memory` (default) | one process, tests, development |
+//! | `PgStore`, `MySqlStore`, `SqliteStore` | `postgres`, `mysql`, `sqlite` | the source of truth: one row per key under a unique index, on your own sqlx pool; `store.migrate().await?` creates the table |
+//! | `RedisStore` | `redis` | the fast gate: one round trip per claim; alone only where losing a key is acceptable |
+//! | `TieredStore::new(gate, truth)` | `redis` + a SQL feature | Redis in front of a SQL store: duplicates answered by Redis, SQL's unique index the bottom line; Redis failures degrade to SQL alone |
+//!
+//! idem-core's docs for each store (`idem_tower::core::sql`,
+//! `idem_tower::core::redis`, `idem_tower::core::tiered`) give the details:
+//! tables, scripts, the circuit breaker.
+//!
+//! # Transactional mode
+//!
+//! On a SQL store, [`IdempotencyLayer::transactional`] (or the attribute's
+//! `transactional`) makes the claim, the handler's writes and the stored
+//! response one database transaction, which the handler reaches through
+//! the `Tx` extractor: write through `&mut *tx`, never through the pool
+//! (another pooled connection is outside the transaction, and a second
+//! connection held at once). What follows from it:
+//!
+//! - A first request holds one pooled connection for the whole handler,
+//!   and costs exactly one commit.
+//! - On SQL alone, a duplicate that arrives while the first is open takes a
+//!   connection too and waits on the first's row, up to the store's lock
+//!   timeout (5 s), then replays what the first committed or answers 409.
+//!   Size the pool for the first requests you serve at once plus the
+//!   duplicates that overlap them, or put the Redis gate in front: behind
+//!   it a duplicate of an in-flight request is answered 409 by Redis,
+//!   without a connection. `InFlight::Wait` is refused on transactional
+//!   routes for that reason.
+//! - A crash rolls the transaction back, writes and claim together: on SQL
+//!   the key is free at once; behind the Redis gate, retries get 409 until
+//!   the gate's lease ends.
+//!
 //! # Observability
 //!
-//! Requests are counted by outcome (`idem_requests_total{outcome}`) and
-//! claims timed (`idem_claim_seconds`) through the [metrics] facade: install
+//! Requests are counted by outcome and route pattern
+//! (`idem_requests_total{outcome, route}`) and claims timed
+//! (`idem_claim_seconds{route}`) through the [metrics] facade: install
 //! any recorder, such as `metrics-exporter-prometheus`. The keys duplicates
 //! hit most come from [`Idempotency::top_collisions`]. Spans and events go
 //! through `tracing`, with keys as short hashes, never request bodies.
@@ -98,6 +161,7 @@ mod idempotency;
 pub mod layer;
 mod metrics;
 mod problem;
+mod ran;
 mod resolver;
 mod route;
 #[cfg(all(
@@ -109,11 +173,13 @@ mod tx;
 pub use body::ResponseBody;
 pub use collisions::{Collision, TRACKED_KEYS};
 pub use idempotency::{
-    DEFAULT_LEASE, DEFAULT_MAX_BODY, DEFAULT_MAX_STORED_RESPONSE, DEFAULT_REPLAY_HEADERS,
-    DEFAULT_RETENTION, Idempotency, IdempotencyBuilder, InFlight, KeepFn, keep_deterministic,
+    DEFAULT_IN_FLIGHT_RETRY_AFTER, DEFAULT_LEASE, DEFAULT_MAX_BODY, DEFAULT_MAX_STORED_RESPONSE,
+    DEFAULT_REPLAY_HEADERS, DEFAULT_RETENTION, Idempotency, IdempotencyBuilder, InFlight, KeepFn,
+    keep_deterministic,
 };
-pub use layer::{IdempotencyLayer, IdempotencyService, NotTransactional};
+pub use layer::{IdempotencyLayer, IdempotencyService};
 pub use problem::Problem;
+pub use ran::HandlerRan;
 pub use resolver::Resolver;
 #[cfg(all(
     feature = "axum",

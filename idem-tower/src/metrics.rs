@@ -1,12 +1,14 @@
 //! What the layer reports through the [`metrics`] facade: one counter of
-//! requests by outcome, and the claim latency. Labels stay low-cardinality
-//! (the outcome only); which keys collide is kept apart, in
-//! [`Collisions`](crate::collisions::Collisions).
+//! requests by outcome and route, and the claim latency. Labels stay
+//! bounded: the outcome, and the route *pattern* (`/orders/{id}`, as axum
+//! matched it or [`IdempotencyLayer::route`](crate::IdempotencyLayer::route)
+//! named it; `unknown` otherwise), never a path or a key. Which keys collide
+//! is kept apart, in [`Collisions`](crate::collisions::Collisions).
 //!
 //! | metric | kind | labels |
 //! |---|---|---|
-//! | `idem_requests_total` | counter | `outcome`: `first`, `replayed`, `in_flight`, `mismatch`, `not_replayable`, `missing_key`, `invalid_key`, `body_too_large`, `unkeyed`, `released`, `store_error` |
-//! | `idem_claim_seconds` | histogram | |
+//! | `idem_requests_total` | counter | `outcome`: `first`, `replayed`, `in_flight`, `mismatch`, `not_replayable`, `missing_key`, `invalid_key`, `body_too_large`, `unkeyed`, `safe_method`, `not_run`, `released`, `misconfigured`, `store_error`; `route` |
+//! | `idem_claim_seconds` | histogram | `route` |
 //!
 //! With no recorder installed these cost next to nothing.
 
@@ -33,9 +35,16 @@ pub(crate) enum RequestOutcome {
     BodyTooLarge,
     /// An optional key was absent: passed through.
     Unkeyed,
+    /// A safe method (GET, HEAD, OPTIONS, TRACE): passed through.
+    SafeMethod,
+    /// Refused before the handler ran (a resolver's or an extractor's
+    /// rejection): answered as it was, nothing kept.
+    NotRun,
     /// Ran, and its claim was released (not final, error, panic) or rolled
     /// back.
     Released,
+    /// The route is wired so that no request can succeed: answered 500.
+    Misconfigured,
     /// The store could not be reached, or its commit failed.
     StoreError,
 }
@@ -52,6 +61,9 @@ impl RequestOutcome {
             Self::InvalidKey => "invalid_key",
             Self::BodyTooLarge => "body_too_large",
             Self::Unkeyed => "unkeyed",
+            Self::SafeMethod => "safe_method",
+            Self::NotRun => "not_run",
+            Self::Misconfigured => "misconfigured",
             Self::Released => "released",
             Self::StoreError => "store_error",
         }
@@ -66,10 +78,19 @@ impl RequestOutcome {
     }
 }
 
-pub(crate) fn request(outcome: RequestOutcome) {
-    metrics::counter!("idem_requests_total", "outcome" => outcome.label()).increment(1);
+/// The `route` label when nothing names the route.
+pub(crate) const UNKNOWN_ROUTE: &str = "unknown";
+
+pub(crate) fn request(outcome: RequestOutcome, route: &str) {
+    metrics::counter!(
+        "idem_requests_total",
+        "outcome" => outcome.label(),
+        "route" => route.to_owned()
+    )
+    .increment(1);
 }
 
-pub(crate) fn claim_latency(elapsed: Duration) {
-    metrics::histogram!("idem_claim_seconds").record(elapsed.as_secs_f64());
+pub(crate) fn claim_latency(elapsed: Duration, route: &str) {
+    metrics::histogram!("idem_claim_seconds", "route" => route.to_owned())
+        .record(elapsed.as_secs_f64());
 }

@@ -36,6 +36,11 @@ pub enum Problem {
     /// route is not transactional, or its store cannot run transactions (a
     /// wiring mistake: see `IdempotencyLayer::transactional`).
     TransactionMissing,
+    /// 500: the route is wired so that no request can succeed (a key part
+    /// only the server can supply is missing, a resolver lacks the state it
+    /// extracts on, settings that contradict each other). The server's
+    /// error, never the client's; the detail names the fix.
+    Misconfigured(String),
     /// 503: the store could not be reached; the handler was not called.
     StoreUnavailable {
         /// When to retry.
@@ -56,6 +61,7 @@ impl Problem {
             Self::NotReplayable => "urn:idem:problem:not-replayable",
             Self::StoreUnavailable { .. } => "urn:idem:problem:store-unavailable",
             Self::TransactionMissing => "urn:idem:problem:transaction-missing",
+            Self::Misconfigured(_) => "urn:idem:problem:misconfigured",
         }
     }
 
@@ -69,7 +75,7 @@ impl Problem {
             Self::FingerprintMismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Self::InFlight { .. } | Self::NotReplayable => StatusCode::CONFLICT,
             Self::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            Self::TransactionMissing => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::TransactionMissing | Self::Misconfigured(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -84,12 +90,15 @@ impl Problem {
             Self::NotReplayable => "The original response cannot be replayed",
             Self::StoreUnavailable { .. } => "Idempotency store unavailable",
             Self::TransactionMissing => "No idempotency transaction on this route",
+            Self::Misconfigured(_) => "Idempotency misconfigured on this route",
         }
     }
 
     fn detail(&self) -> String {
         match self {
-            Self::KeyMissing(detail) | Self::KeyInvalid(detail) => detail.clone(),
+            Self::KeyMissing(detail) | Self::KeyInvalid(detail) | Self::Misconfigured(detail) => {
+                detail.clone()
+            }
             Self::BodyUnreadable => "the request body ended early or could not be read".into(),
             Self::BodyTooLarge { limit } => {
                 format!("the request body is larger than {limit} bytes")
@@ -122,15 +131,6 @@ impl Problem {
         }
     }
 
-    fn retry_after(&self) -> Option<Duration> {
-        match self {
-            Self::InFlight { retry_after } | Self::StoreUnavailable { retry_after } => {
-                Some(*retry_after)
-            }
-            _ => None,
-        }
-    }
-
     /// The problem as a response with an `application/problem+json` body.
     pub fn to_response<B: From<Bytes>>(&self) -> Response<B> {
         let body = serde_json::json!({
@@ -146,9 +146,17 @@ impl Problem {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
-        if let Some(after) = self.retry_after() {
-            let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+        let retry_after = match self {
+            // Whole seconds, rounded down: never past the first request's
+            // remaining lease, after which a retry may take the key over.
+            Self::InFlight { retry_after } => Some(retry_after.as_secs()),
+            Self::StoreUnavailable { retry_after } => {
+                Some((retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0)).max(1))
+            }
+            _ => None,
+        };
+        if let Some(secs) = retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         response
     }
@@ -159,12 +167,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn retry_after_rounds_up_to_whole_seconds() {
+    fn in_flight_retry_after_rounds_down_and_unavailable_up() {
         let r: Response<Bytes> = Problem::InFlight {
             retry_after: Duration::from_millis(1200),
         }
         .to_response();
         assert_eq!(r.status(), StatusCode::CONFLICT);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+        let r: Response<Bytes> = Problem::InFlight {
+            retry_after: Duration::from_millis(300),
+        }
+        .to_response();
+        assert_eq!(r.headers()[header::RETRY_AFTER], "0");
+        let r: Response<Bytes> = Problem::StoreUnavailable {
+            retry_after: Duration::from_millis(1200),
+        }
+        .to_response();
         assert_eq!(r.headers()[header::RETRY_AFTER], "2");
         let r: Response<Bytes> = Problem::StoreUnavailable {
             retry_after: Duration::ZERO,
@@ -189,6 +207,7 @@ mod tests {
                 retry_after: Duration::ZERO,
             },
             Problem::TransactionMissing,
+            Problem::Misconfigured(String::new()),
         ];
         let types: std::collections::HashSet<_> = all.iter().map(Problem::type_uri).collect();
         assert_eq!(types.len(), all.len());

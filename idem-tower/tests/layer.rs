@@ -389,6 +389,56 @@ async fn concurrent_duplicates_execute_once() {
     assert_eq!(count(&calls), 1);
 }
 
+/// The in-flight 409 tells clients to come back soon (1 s by default, or as
+/// configured), never later than the first request's lease ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn in_flight_retry_after_is_short_and_never_past_the_lease() {
+    for (idem, expected) in [
+        (Idempotency::new(MemoryStore::new()), 1),
+        (
+            Idempotency::builder(MemoryStore::new())
+                .in_flight_retry_after(Duration::from_secs(3))
+                .build(),
+            3,
+        ),
+        (
+            Idempotency::builder(MemoryStore::new())
+                .in_flight_retry_after(Duration::from_secs(30))
+                .lease(Duration::from_millis(2500))
+                .build(),
+            2,
+        ),
+    ] {
+        let calls = calls();
+        let release = Arc::new(tokio::sync::Notify::new());
+        let inner = {
+            let release = Arc::clone(&release);
+            counting(&calls, move |n, _| {
+                let release = Arc::clone(&release);
+                async move {
+                    release.notified().await;
+                    created(n)
+                }
+            })
+        };
+        let service = idem.layer().layer(inner);
+        let first = tokio::spawn({
+            let service = service.clone();
+            async move { send(&service, post("/orders", Some("k-slow"), ORDER)).await }
+        });
+        wait_for_calls(&calls, 1).await;
+        let duplicate = send(&service, post("/orders", Some("k-slow"), ORDER)).await;
+        duplicate.assert_problem(StatusCode::CONFLICT, "in-flight");
+        assert_eq!(duplicate.retry_after(), expected, "{idem:?}");
+        release.notify_one();
+        assert_eq!(
+            first.await.expect("the first answers").status,
+            StatusCode::CREATED
+        );
+        assert_eq!(count(&calls), 1);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn waiting_duplicates_all_receive_the_replayed_success() {
     let calls = calls();
@@ -818,6 +868,122 @@ async fn missing_tenant_is_400_never_a_shorter_key() {
         "the 400 names the part: {reply:?}"
     );
     assert_eq!(count(&calls), 0);
+}
+
+/// The key template names neither tenant nor user, yet a record is bound to
+/// the caller who made it: another tenant's user sending the same key gets
+/// a run of their own, never the first caller's response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn records_are_bound_to_the_caller_whatever_the_template_names() {
+    let calls = calls();
+    let idem = Idempotency::builder(MemoryStore::new())
+        .tenant(Resolver::header("x-tenant-id"))
+        .user(Resolver::extension::<UserId>())
+        .build();
+    let template = "refund:{path:charge_id}:{header:idempotency-key}";
+    let layer = idem.layer_with_key(template).expect("a valid template");
+    let service = ServiceBuilder::new()
+        .map_request(authenticate)
+        .layer(layer.clone().route("/charges/{charge_id}/refund"))
+        .service(whose_order(&calls));
+    let refund = |tenant: &str, user: &str| {
+        as_user(
+            post("/charges/ch_1/refund", Some("k-refund"), ORDER),
+            tenant,
+            user,
+        )
+    };
+
+    let alice = send(&service, refund("acme", "alice")).await;
+    let mallory = send(&service, refund("globex", "mallory")).await;
+    let bob = send(&service, refund("acme", "bob")).await;
+    let anonymous = send(
+        &service,
+        post("/charges/ch_1/refund", Some("k-refund"), ORDER),
+    )
+    .await;
+
+    assert_eq!(
+        alice.text(),
+        r#"{"order_id":1,"tenant":"acme","user":"alice"}"#
+    );
+    for (reply, who) in [
+        (&mallory, "globex/mallory"),
+        (&bob, "acme/bob"),
+        (&anonymous, "no one"),
+    ] {
+        assert!(!reply.replayed(), "{who} got a replay: {reply:?}");
+        assert_ne!(reply.body, alice.body, "{who} got alice's response");
+        assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    }
+    assert_eq!(count(&calls), 4, "one run per caller");
+
+    let alice_again = send(&service, refund("acme", "alice")).await;
+    assert!(alice_again.replayed());
+    assert_eq!(alice_again.body, alice.body);
+    assert_eq!(count(&calls), 4);
+
+    // Opting in to one record shared by every caller is explicit.
+    let shared_calls = crate::calls();
+    let shared = ServiceBuilder::new()
+        .map_request(authenticate)
+        .layer(
+            layer
+                .shared_across_callers()
+                .route("/charges/{charge_id}/refund"),
+        )
+        .service(whose_order(&shared_calls));
+    let shared_refund = |tenant: &str, user: &str| {
+        as_user(
+            post("/charges/ch_2/refund", Some("k-refund"), ORDER),
+            tenant,
+            user,
+        )
+    };
+    let first = send(&shared, shared_refund("acme", "alice")).await;
+    let other = send(&shared, shared_refund("globex", "mallory")).await;
+    assert!(other.replayed(), "{other:?}");
+    assert_eq!(other.body, first.body);
+    assert_eq!(count(&shared_calls), 1);
+}
+
+/// Many callers racing on one key: each caller's requests run once, and
+/// no caller ever reads another's body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_callers_on_one_key_each_run_once_and_never_cross() {
+    let calls = calls();
+    let idem = Idempotency::builder(MemoryStore::new())
+        .tenant(Resolver::header("x-tenant-id"))
+        .build();
+    let service = idem
+        .layer_with_key("order:{header:idempotency-key}")
+        .expect("a valid template")
+        .layer(whose_order(&calls));
+    let barrier = Arc::new(tokio::sync::Barrier::new(40));
+    let tasks: Vec<_> = (0..40)
+        .map(|i| {
+            let service = service.clone();
+            let barrier = Arc::clone(&barrier);
+            let tenant = format!("t{}", i % 4);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let request = as_tenant(post("/orders", Some("k-race"), ORDER), &tenant);
+                (tenant, send(&service, request).await)
+            })
+        })
+        .collect();
+    for task in tasks {
+        let (tenant, reply) = task.await.expect("no request task panics");
+        if reply.status == StatusCode::CONFLICT {
+            reply.assert_problem(StatusCode::CONFLICT, "in-flight");
+            continue;
+        }
+        assert!(
+            reply.text().contains(&format!(r#""tenant":"{tenant}""#)),
+            "{tenant} read another caller's body: {reply:?}"
+        );
+    }
+    assert_eq!(count(&calls), 4, "one run per tenant");
 }
 
 // ---------------------------------------------------------------------------
@@ -1403,8 +1569,14 @@ async fn path_placeholder_is_read_with_the_configured_route_on_a_plain_service()
     );
     assert_eq!(count(&calls), 2);
 
+    // A path parameter comes from the route, never the client: a request
+    // the configured route does not match is the server's wiring, a 500.
     let unmatched = send(&service, post("/refunds/R-1", None, paid)).await;
-    unmatched.assert_problem(StatusCode::BAD_REQUEST, "key-missing");
+    unmatched.assert_problem(StatusCode::INTERNAL_SERVER_ERROR, "misconfigured");
+    assert!(
+        unmatched.text().contains("{path:payment_no}"),
+        "{unmatched:?}"
+    );
     assert_eq!(count(&calls), 2);
 }
 
@@ -1444,10 +1616,365 @@ async fn same_key_on_two_resources_of_one_route_never_replays_across_them() {
 #[cfg(feature = "axum")]
 mod behind_axum {
     use axum::Router;
-    use axum::extract::Path;
-    use axum::routing::post as axum_post;
+    use axum::extract::{FromRef, FromRequestParts, Path, State};
+    use axum::routing::{get as axum_get, post as axum_post};
+    use idem_tower::{ErrorKind, HandlerRan};
 
     use super::*;
+
+    /// The service's own authentication extractor: `Authorization: Bearer
+    /// <user>`, or 401.
+    struct CurrentUser(String);
+
+    impl<S: Send + Sync> FromRequestParts<S> for CurrentUser {
+        type Rejection = (StatusCode, &'static str);
+
+        async fn from_request_parts(
+            parts: &mut http::request::Parts,
+            _: &S,
+        ) -> Result<Self, Self::Rejection> {
+            parts
+                .headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(|user| CurrentUser(user.to_owned()))
+                .ok_or((StatusCode::UNAUTHORIZED, "who are you?"))
+        }
+    }
+
+    /// An orders route whose handler marks its responses as its own.
+    fn marked_orders(calls: &Arc<AtomicUsize>, layer: idem_tower::IdempotencyLayer) -> Router {
+        let calls = Arc::clone(calls);
+        let create = move |CurrentUser(user): CurrentUser,
+                           axum::Json(order): axum::Json<serde_json::Value>| {
+            let calls = Arc::clone(&calls);
+            async move {
+                let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                (
+                    StatusCode::CREATED,
+                    HandlerRan,
+                    format!(
+                        r#"{{"order_id":{n},"user":"{user}","sku":{}}}"#,
+                        order["sku"]
+                    ),
+                )
+            }
+        };
+        Router::new().route("/orders", axum_post(create).layer(layer))
+    }
+
+    fn signed(request: Request<Body>, user: &str) -> Request<Body> {
+        let mut request = request;
+        request.headers_mut().insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {user}")).expect("a header value"),
+        );
+        request
+    }
+
+    /// Nothing happened when an extractor refused the request, so its key
+    /// is not burnt: the corrected request with the same key runs.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_request_refused_before_the_handler_ran_leaves_its_key_free() {
+        let calls = calls();
+        let idem = Idempotency::new(MemoryStore::new());
+        let layer = idem
+            .layer_with_key("order:{header:idempotency-key}")
+            .expect("a valid template")
+            .require_handler_ran();
+        let app = marked_orders(&calls, layer);
+
+        let mut plain = signed(post("/orders", Some("k-415"), ORDER), "alice");
+        plain
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        let refused = send(&app, plain).await;
+        assert_eq!(
+            refused.status,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "{refused:?}"
+        );
+        assert!(!refused.replayed());
+
+        let malformed = send(
+            &app,
+            signed(post("/orders", Some("k-415"), "{\"sku\":"), "alice"),
+        )
+        .await;
+        assert_eq!(malformed.status, StatusCode::BAD_REQUEST, "{malformed:?}");
+        assert!(!malformed.replayed());
+
+        let anonymous = send(&app, post("/orders", Some("k-415"), ORDER)).await;
+        assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED, "{anonymous:?}");
+        assert_eq!(count(&calls), 0);
+
+        let fixed = send(&app, signed(post("/orders", Some("k-415"), ORDER), "alice")).await;
+        assert_eq!(fixed.status, StatusCode::CREATED, "{fixed:?}");
+        assert!(!fixed.replayed());
+        let again = send(&app, signed(post("/orders", Some("k-415"), ORDER), "alice")).await;
+        assert!(again.replayed(), "{again:?}");
+        assert_eq!(again.body, fixed.body);
+        assert_eq!(count(&calls), 1, "the handler ran once");
+    }
+
+    /// Without `require_handler_ran`, the layer cannot tell a rejection from
+    /// the handler's answer, and keeps it like any deterministic 4xx: the
+    /// reason the signal exists.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn without_the_signal_a_rejection_is_kept_like_any_answer() {
+        let calls = calls();
+        let idem = Idempotency::new(MemoryStore::new());
+        let layer = idem
+            .layer_with_key("order:{header:idempotency-key}")
+            .expect("a valid template");
+        let app = marked_orders(&calls, layer);
+        let mut plain = signed(post("/orders", Some("k-kept"), ORDER), "alice");
+        plain
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        assert_eq!(
+            send(&app, plain).await.status,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE
+        );
+        let fixed = send(
+            &app,
+            signed(post("/orders", Some("k-kept"), ORDER), "alice"),
+        )
+        .await;
+        assert!(fixed.replayed(), "{fixed:?}");
+        assert_eq!(count(&calls), 0);
+    }
+
+    /// The user comes from the extractor the handlers already use; its
+    /// rejection is answered as the extractor answers it, nothing claimed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_user_from_an_extractor_scopes_keys_and_its_rejection_claims_nothing() {
+        let calls = calls();
+        let idem = Idempotency::builder(MemoryStore::new())
+            .user(Resolver::from_extractor(|CurrentUser(user)| user))
+            .build();
+        let layer = idem
+            .layer_with_key("order:{user}:{header:idempotency-key}")
+            .expect("a valid template")
+            .require_handler_ran();
+        let app = marked_orders(&calls, layer);
+
+        let anonymous = send(&app, post("/orders", Some("k-user"), ORDER)).await;
+        assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            anonymous.text(),
+            "who are you?",
+            "the extractor's own answer"
+        );
+        assert_eq!(count(&calls), 0);
+
+        let alice = send(
+            &app,
+            signed(post("/orders", Some("k-user"), ORDER), "alice"),
+        )
+        .await;
+        let bob = send(&app, signed(post("/orders", Some("k-user"), ORDER), "bob")).await;
+        assert_eq!(alice.status, StatusCode::CREATED);
+        assert!(!bob.replayed() && bob.text().contains("bob"), "{bob:?}");
+        let alice_again = send(
+            &app,
+            signed(post("/orders", Some("k-user"), ORDER), "alice"),
+        )
+        .await;
+        assert!(alice_again.replayed());
+        assert_eq!(alice_again.body, alice.body);
+        assert_eq!(count(&calls), 2);
+    }
+
+    #[derive(Clone)]
+    struct AppState {
+        tokens: Arc<Vec<(&'static str, &'static str)>>,
+    }
+
+    /// An extractor that needs the router state: a token looked up in it.
+    struct Session(String);
+
+    impl FromRequestParts<AppState> for Session {
+        type Rejection = StatusCode;
+
+        async fn from_request_parts(
+            parts: &mut http::request::Parts,
+            state: &AppState,
+        ) -> Result<Self, StatusCode> {
+            let token = parts
+                .headers
+                .get("x-session")
+                .and_then(|v| v.to_str().ok())
+                .ok_or(StatusCode::UNAUTHORIZED)?;
+            state
+                .tokens
+                .iter()
+                .find(|(t, _)| *t == token)
+                .map(|(_, user)| Session((*user).to_owned()))
+                .ok_or(StatusCode::FORBIDDEN)
+        }
+    }
+
+    impl FromRef<AppState> for Arc<Vec<(&'static str, &'static str)>> {
+        fn from_ref(state: &AppState) -> Self {
+            Arc::clone(&state.tokens)
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_stateful_extractor_resolves_with_the_layers_state() {
+        let calls = calls();
+        let idem = Idempotency::builder(MemoryStore::new())
+            .user(Resolver::from_extractor_with_state::<AppState, _, _>(
+                |Session(user)| user,
+            ))
+            .build();
+        let state = AppState {
+            tokens: Arc::new(vec![("s-1", "alice")]),
+        };
+        let template = "order:{user}:{header:idempotency-key}";
+        let handler = {
+            let calls = Arc::clone(&calls);
+            move |State(_): State<AppState>| {
+                let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                async move { (StatusCode::CREATED, HandlerRan, format!("order {n}")) }
+            }
+        };
+        let with_state = idem
+            .layer_with_key(template)
+            .expect("valid")
+            .with_state(state.clone());
+        let app: Router = Router::new()
+            .route("/orders", axum_post(handler.clone()).layer(with_state))
+            .route(
+                "/forgot",
+                axum_post(handler).layer(idem.layer_with_key(template).expect("valid")),
+            )
+            .with_state(state);
+        let session = |path: &str, token: &str| {
+            let mut request = post(path, Some("k-session"), ORDER);
+            request
+                .headers_mut()
+                .insert("x-session", HeaderValue::from_str(token).expect("ASCII"));
+            request
+        };
+
+        let forbidden = send(&app, session("/orders", "s-bad")).await;
+        assert_eq!(forbidden.status, StatusCode::FORBIDDEN);
+        let first = send(&app, session("/orders", "s-1")).await;
+        let again = send(&app, session("/orders", "s-1")).await;
+        assert_eq!(first.status, StatusCode::CREATED);
+        assert!(again.replayed());
+        assert_eq!(count(&calls), 1);
+
+        // The same resolver on a layer given no state: the server's error.
+        let unwired = send(&app, session("/forgot", "s-1")).await;
+        unwired.assert_problem(StatusCode::INTERNAL_SERVER_ERROR, "misconfigured");
+        assert!(unwired.text().contains("with_state"), "{unwired:?}");
+        assert_eq!(count(&calls), 1);
+    }
+
+    /// One layer on a whole router: reads pass through untouched.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn safe_methods_pass_through_a_layer_on_the_whole_router() {
+        let calls = calls();
+        let reads = Arc::new(AtomicUsize::new(0));
+        let list = {
+            let reads = Arc::clone(&reads);
+            move || {
+                reads.fetch_add(1, Ordering::SeqCst);
+                async { "[]" }
+            }
+        };
+        let create = {
+            let calls = Arc::clone(&calls);
+            move || {
+                let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                async move { (StatusCode::CREATED, format!("order {n}")) }
+            }
+        };
+        let app = |idem: &Idempotency| {
+            Router::new()
+                .route("/items", axum_get(list.clone()).post(create.clone()))
+                .layer(idem.layer())
+        };
+        let passing = app(&Idempotency::new(MemoryStore::new()));
+
+        for method in [http::Method::GET, http::Method::HEAD, http::Method::GET] {
+            let request = Request::builder()
+                .method(method.clone())
+                .uri("/items")
+                .body(Body::empty())
+                .expect("a request");
+            let reply = send(&passing, request).await;
+            assert_eq!(reply.status, StatusCode::OK, "{method}: {reply:?}");
+            assert!(!reply.replayed());
+        }
+        assert_eq!(reads.load(Ordering::SeqCst), 3, "every read ran");
+        let unkeyed = send(&passing, post("/items", None, ORDER)).await;
+        unkeyed.assert_problem(StatusCode::BAD_REQUEST, "key-missing");
+        let created = send(&passing, post("/items", Some("k-items"), ORDER)).await;
+        let replayed = send(&passing, post("/items", Some("k-items"), ORDER)).await;
+        assert_eq!(created.status, StatusCode::CREATED);
+        assert!(replayed.replayed());
+        assert_eq!(count(&calls), 1);
+
+        let strict = app(&Idempotency::builder(MemoryStore::new())
+            .safe_methods_pass_through(false)
+            .build());
+        let get = Request::get("/items")
+            .body(Body::empty())
+            .expect("a request");
+        send(&strict, get)
+            .await
+            .assert_problem(StatusCode::BAD_REQUEST, "key-missing");
+        assert_eq!(reads.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn key_parts_only_the_server_supplies_are_refused_when_the_layer_is_built() {
+        let idem = Idempotency::new(MemoryStore::new());
+        for template in [
+            "order:{user}:{header:idempotency-key}",
+            "order:{tenant}:{query:id}",
+        ] {
+            let err = idem.layer_with_key(template).expect_err(template);
+            assert_eq!(err.kind(), ErrorKind::Config, "{template}");
+            let text = err.to_string();
+            assert!(
+                text.contains("resolver") && text.contains("Idempotency::builder"),
+                "{text}"
+            );
+        }
+        let err = idem
+            .layer_with_key("order:{header:idempotency-key")
+            .expect_err("unclosed");
+        assert_eq!(err.kind(), ErrorKind::Config);
+        let err = idem
+            .layer_with_key("order:{header:idempotency-key}")
+            .expect("valid")
+            .transactional()
+            .expect_err("the memory store has no transactions");
+        assert_eq!(err.kind(), ErrorKind::Config);
+        assert!(err.to_string().contains("PgStore"), "{err}");
+    }
+
+    /// `{path:NAME}` naming a parameter the matched route lacks is the
+    /// server's mistake: 500, never a 400 that blames the client.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_path_parameter_the_route_lacks_is_a_server_error() {
+        let calls = calls();
+        let idem = Idempotency::new(MemoryStore::new());
+        let app = payments_app(&calls, &idem, "pay-callback:{path:payment_id}");
+        let reply = send(&app, post("/payments/P-1/callback", None, ORDER)).await;
+        reply.assert_problem(StatusCode::INTERNAL_SERVER_ERROR, "misconfigured");
+        assert!(
+            reply.text().contains("/payments/{payment_no}/callback"),
+            "{reply:?}"
+        );
+        assert_eq!(count(&calls), 0);
+    }
 
     fn payments_app(calls: &Arc<AtomicUsize>, idem: &Idempotency, template: &str) -> Router {
         let calls = Arc::clone(calls);

@@ -174,18 +174,72 @@ impl<'a> RequestView<'a> {
     }
 }
 
+/// Who may be answered with a record's response.
+///
+/// A record is bound to the caller who created it: with [`KeyScope::Caller`]
+/// (the default) the request's tenant and user are part of the stored key
+/// whether or not the template names them, so a caller can never be replayed
+/// another caller's response, even under a template such as
+/// `refund:{path:charge_id}:{header:idempotency-key}`.
+///
+/// Binding by key rather than by fingerprint is deliberate: under a
+/// fingerprint, a second caller reusing a key would learn that the key
+/// exists (a 422) and could block it for its owner; under the key, the two
+/// callers simply have independent records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KeyScope {
+    /// The resolved tenant and user always scope the key (the default).
+    #[default]
+    Caller,
+    /// The key is exactly what the template says, whoever sends it: every
+    /// caller with the same key shares one record. For keys that name a
+    /// resource any caller may act on, such as a payment platform's
+    /// callback keyed by payment number.
+    Shared,
+}
+
 impl KeyTemplate {
-    /// Builds the key for `request`, stored under `namespace`.
+    /// Builds the key for `request`, stored under `namespace`, scoped to
+    /// its caller ([`KeyScope::Caller`]).
     ///
     /// Every placeholder must resolve: a missing part is an error naming it,
     /// never a shorter key. Values are escaped so that no choice of values can
     /// produce another request's key (`:`, `%`, `{` and `}` are
     /// percent-encoded), and the composite is wrapped in a Redis Cluster hash
     /// tag so all of one request's keys share a slot.
+    ///
+    /// A tenant or user the request has and the template does not name is
+    /// appended as `:@tenant=...` or `:@user=...`:
+    ///
+    /// ```
+    /// use http::{HeaderMap, Method};
+    /// use idem_core::{KeyScope, KeyTemplate, RequestView};
+    ///
+    /// let mut headers = HeaderMap::new();
+    /// headers.insert("idempotency-key", "k-1".parse().unwrap());
+    /// let request = RequestView::new(&Method::POST, "/refunds", &headers).tenant(Some("acme"));
+    /// let template: KeyTemplate = "refund:{header:idempotency-key}".parse()?;
+    ///
+    /// let key = template.evaluate(&request, "idem:")?;
+    /// assert_eq!(key.as_str(), "idem:{refund:k-1:@tenant=acme}");
+    /// let shared = template.evaluate_scoped(&request, "idem:", KeyScope::Shared)?;
+    /// assert_eq!(shared.as_str(), "idem:{refund:k-1}");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn evaluate(
         &self,
         request: &RequestView<'_>,
         namespace: &str,
+    ) -> Result<IdempotencyKey, KeyError> {
+        self.evaluate_scoped(request, namespace, KeyScope::Caller)
+    }
+
+    /// [`evaluate`](Self::evaluate) with an explicit [`KeyScope`].
+    pub fn evaluate_scoped(
+        &self,
+        request: &RequestView<'_>,
+        namespace: &str,
+        scope: KeyScope,
     ) -> Result<IdempotencyKey, KeyError> {
         let mut full = String::with_capacity(namespace.len() + self.as_str().len() + 64);
         full.push_str(namespace);
@@ -194,6 +248,28 @@ impl KeyTemplate {
             match segment {
                 Segment::Literal(text) => full.push_str(text),
                 Segment::Placeholder(p) => escape_into(&mut full, &request.resolve(p)?),
+            }
+        }
+        if scope == KeyScope::Caller {
+            // `:` never comes from a value (values are escaped), so the
+            // suffix cannot be forged by one.
+            for (placeholder, label) in
+                [(Placeholder::Tenant, "tenant"), (Placeholder::User, "user")]
+            {
+                if self.placeholders().any(|p| *p == placeholder) {
+                    continue;
+                }
+                // No tenant (or user) is a scope of its own; a malformed one
+                // is an error, never a fall back to a wider scope.
+                let value = match request.resolve(&placeholder) {
+                    Ok(value) => value,
+                    Err(KeyError::Missing(_)) => continue,
+                    Err(err) => return Err(err),
+                };
+                full.push_str(":@");
+                full.push_str(label);
+                full.push('=');
+                escape_into(&mut full, &value);
             }
         }
         full.push('}');
@@ -343,6 +419,67 @@ mod tests {
             );
         }
         map
+    }
+
+    #[test]
+    fn the_caller_scopes_every_key_unless_shared() {
+        let h = headers(&[("idempotency-key", "k-1")]);
+        let m = Method::POST;
+        let t = KeyTemplate::parse("refund:{header:idempotency-key}").unwrap();
+        let key = |tenant: Option<&str>, user: Option<&str>, scope| {
+            let v = RequestView::new(&m, "/r", &h).tenant(tenant).user(user);
+            t.evaluate_scoped(&v, "idem:", scope)
+                .map(|k| k.as_str().to_owned())
+        };
+        use KeyScope::{Caller, Shared};
+        assert_eq!(
+            key(Some("acme"), Some("alice"), Caller).unwrap(),
+            "idem:{refund:k-1:@tenant=acme:@user=alice}"
+        );
+        assert_eq!(
+            key(None, Some("alice"), Caller).unwrap(),
+            "idem:{refund:k-1:@user=alice}"
+        );
+        assert_eq!(key(None, None, Caller).unwrap(), "idem:{refund:k-1}");
+        assert_eq!(
+            key(Some("acme"), Some("alice"), Shared).unwrap(),
+            "idem:{refund:k-1}"
+        );
+        // A tenant named "alice" is not the user alice; escaped values
+        // cannot forge a suffix.
+        assert_ne!(
+            key(Some("alice"), None, Caller),
+            key(None, Some("alice"), Caller)
+        );
+        assert_eq!(
+            key(Some("a:@user=b"), None, Caller).unwrap(),
+            "idem:{refund:k-1:@tenant=a%3A@user=b}"
+        );
+        assert_ne!(
+            key(Some("a:@user=b"), None, Caller),
+            key(Some("a"), Some("b"), Caller)
+        );
+        // A malformed identity is an error, never a fall back to no scope.
+        assert!(matches!(
+            key(Some("acme corp"), None, Caller),
+            Err(KeyError::NotVisibleAscii(Placeholder::Tenant))
+        ));
+    }
+
+    #[test]
+    fn a_template_naming_the_caller_is_not_scoped_twice() {
+        let h = headers(&[("idempotency-key", "k-1")]);
+        let v = RequestView::new(&Method::POST, "/r", &h)
+            .tenant(Some("acme"))
+            .user(Some("alice"));
+        assert_eq!(
+            eval("o:{tenant}:{header:idempotency-key}", &v).unwrap(),
+            "o:acme:k-1:@user=alice"
+        );
+        assert_eq!(
+            eval("o:{tenant}:{user}:{header:idempotency-key}", &v).unwrap(),
+            "o:acme:alice:k-1"
+        );
     }
 
     fn eval(template: &str, request: &RequestView<'_>) -> Result<String, KeyError> {

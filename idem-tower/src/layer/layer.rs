@@ -1,7 +1,8 @@
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{FingerprintSpec, KeyTemplate};
+use idem_core::{Error, ErrorKind, FingerprintSpec, KeyScope, KeyTemplate};
 use tower::Layer;
 
 use super::IdempotencyService;
@@ -19,6 +20,23 @@ pub(crate) struct Policy {
     pub(crate) in_flight: Option<InFlight>,
     pub(crate) route: Option<RoutePattern>,
     pub(crate) transactional: bool,
+    pub(crate) scope: KeyScope,
+    pub(crate) require_handler_ran: bool,
+    pub(crate) state: Option<StateInserter>,
+    /// A combination of settings that cannot work and could not be refused
+    /// when it was made: every request answers 500 with this.
+    pub(crate) misconfigured: Option<String>,
+}
+
+/// Puts the route's router state in each request's extensions, for
+/// resolvers that extract on it.
+#[derive(Clone)]
+pub(crate) struct StateInserter(pub(crate) Arc<dyn Fn(&mut http::Extensions) + Send + Sync>);
+
+impl fmt::Debug for StateInserter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("StateInserter")
+    }
 }
 
 /// Makes the wrapped service idempotent: see the [module docs](crate::layer).
@@ -45,6 +63,10 @@ impl IdempotencyLayer {
                 in_flight: None,
                 route: None,
                 transactional: false,
+                scope: KeyScope::Caller,
+                require_handler_ran: false,
+                state: None,
+                misconfigured: None,
             }),
         }
     }
@@ -75,8 +97,55 @@ impl IdempotencyLayer {
     }
 
     /// What duplicates of a running request get on this route.
+    ///
+    /// A transactional route cannot wait ([`IdempotencyLayer::transactional`]
+    /// refuses `InFlight::Wait`); set after it, every request to the route
+    /// answers 500 with an error log saying so.
     pub fn in_flight(mut self, in_flight: InFlight) -> Self {
+        if self.policy.transactional && matches!(in_flight, InFlight::Wait(_)) {
+            self.policy().misconfigured = Some(WAIT_IN_TRANSACTION.to_owned());
+        }
         self.policy().in_flight = Some(in_flight);
+        self
+    }
+
+    /// Lets every caller with the same key share one record.
+    ///
+    /// By default a record is bound to the caller who created it: the
+    /// tenant and user the handle's resolvers find are part of the stored
+    /// key whether or not the template names them, so one caller is never
+    /// replayed another's response. Opt out only for keys that name a
+    /// resource any caller may act on in the same way, such as a payment
+    /// platform's callback keyed by payment number
+    /// (`pay-callback:{path:payment_no}`), which its retries may send from
+    /// another address or without credentials.
+    pub fn shared_across_callers(mut self) -> Self {
+        self.policy().scope = KeyScope::Shared;
+        self
+    }
+
+    /// Stores only the outcomes of a handler that ran: responses that carry
+    /// [`HandlerRan`](crate::HandlerRan) in their extensions. Any other
+    /// response (an extractor that refused the request before the handler
+    /// started: a malformed body, a wrong `Content-Type`, missing
+    /// credentials) is sent as it is and its key released, so the corrected
+    /// request can use the same key. `#[idempotent]` handlers get this, and
+    /// the marking, without asking.
+    pub fn require_handler_ran(mut self) -> Self {
+        self.policy().require_handler_ran = true;
+        self
+    }
+
+    /// The router state, for resolvers made with
+    /// [`Resolver::from_extractor_with_state`](crate::Resolver::from_extractor_with_state):
+    /// axum gives a layer no access to it, so the layer carries a clone.
+    /// `#[idempotent]` handlers pass theirs without asking.
+    #[cfg(feature = "axum")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+    pub fn with_state<S: Clone + Send + Sync + 'static>(mut self, state: S) -> Self {
+        self.policy().state = Some(StateInserter(Arc::new(move |extensions| {
+            extensions.insert(crate::resolver::RouterState(state.clone()));
+        })));
         self
     }
 
@@ -106,31 +175,29 @@ impl IdempotencyLayer {
     /// for it (up to the store's lock timeout, then 409) and replays what it
     /// committed; [`InFlight::Wait`] does not apply.
     ///
-    /// Fails if the handle's store has no transactional mode (the SQL
-    /// stores have one).
-    pub fn transactional(mut self) -> Result<Self, NotTransactional> {
+    /// Fails with [`ErrorKind::Config`] if the handle's store has no
+    /// transactional mode (the SQL stores have one), or if the route waits
+    /// for in-flight duplicates ([`InFlight::Wait`]): a waiting duplicate
+    /// would hold a database connection for as long as the first request.
+    pub fn transactional(mut self) -> Result<Self, Error> {
         if self.idem.config.store.transactional().is_none() {
-            return Err(NotTransactional);
+            return Err(Error::new(
+                ErrorKind::Config,
+                "transactional mode needs a store that runs in the database transaction \
+                 (PgStore, MySqlStore or SqliteStore)",
+            ));
+        }
+        if matches!(self.policy.in_flight, Some(InFlight::Wait(_))) {
+            return Err(Error::new(ErrorKind::Config, WAIT_IN_TRANSACTION));
         }
         self.policy().transactional = true;
         Ok(self)
     }
 }
 
-/// The store behind the handle cannot run transactional mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NotTransactional;
-
-impl std::fmt::Display for NotTransactional {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(
-            "transactional mode needs a store that runs in the database transaction \
-             (PgStore, MySqlStore or SqliteStore)",
-        )
-    }
-}
-
-impl std::error::Error for NotTransactional {}
+const WAIT_IN_TRANSACTION: &str = "a transactional route cannot wait for in-flight duplicates \
+     (InFlight::Wait): a waiting duplicate would hold a database connection as long as the \
+     first request; use InFlight::Reject (409 with Retry-After)";
 
 impl<S> Layer<S> for IdempotencyLayer {
     type Service = IdempotencyService<S>;

@@ -53,6 +53,6 @@ mod layer;
 mod service;
 
 pub use future::ResponseFuture;
+pub use layer::IdempotencyLayer;
 pub(crate) use layer::Policy;
-pub use layer::{IdempotencyLayer, NotTransactional};
 pub use service::IdempotencyService;

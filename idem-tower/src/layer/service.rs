@@ -12,8 +12,8 @@ use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idem_core::transaction::{ClaimTransaction, TransactionalClaim};
 use idem_core::{
-    BoxError, Claim, ErrorKind, Fingerprint, IdempotencyKey, KeyError, Outcome, OwnerToken,
-    RequestView, StoredResponse,
+    BoxError, Claim, ErrorKind, Fingerprint, IdempotencyKey, KeyError, KeyScope, Outcome,
+    OwnerToken, Placeholder, RequestView, StoredResponse,
 };
 use tower::Service;
 use tracing::Instrument;
@@ -23,7 +23,8 @@ use crate::body::ResponseBody;
 use crate::guard::ClaimGuard;
 use crate::metrics::{self, RequestOutcome};
 use crate::problem::Problem;
-use crate::{InFlight, REPLAYED_HEADER};
+use crate::resolver::Unresolved;
+use crate::{HandlerRan, InFlight, REPLAYED_HEADER};
 
 /// How often a completion that failed on a store error is tried in all.
 const COMPLETE_ATTEMPTS: u32 = 3;
@@ -81,7 +82,16 @@ struct Target {
     fingerprint: Fingerprint,
 }
 
-/// One request through the layer, DESIGN section 2's data flow.
+/// Safe methods, passed through untouched unless configured otherwise.
+fn is_safe(method: &http::Method) -> bool {
+    matches!(
+        *method,
+        http::Method::GET | http::Method::HEAD | http::Method::OPTIONS | http::Method::TRACE
+    )
+}
+
+/// One request through the layer: read the request, resolve the key,
+/// claim, call, settle.
 async fn attempt<S, ReqBody, ResBody>(
     layer: IdempotencyLayer,
     mut inner: S,
@@ -95,20 +105,48 @@ where
     ResBody::Error: Send,
 {
     let config = &layer.idem.config;
+    let route = matched_route(request.extensions(), &layer.policy);
+    let label = route
+        .clone()
+        .unwrap_or_else(|| metrics::UNKNOWN_ROUTE.to_owned());
+    if config.safe_methods_pass_through && is_safe(request.method()) {
+        metrics::request(RequestOutcome::SafeMethod, &label);
+        return Ok(inner.call(request).await?.map(ResponseBody::inner));
+    }
+    if let Some(why) = &layer.policy.misconfigured {
+        return Ok(misconfigured(&label, why.clone()));
+    }
     let (mut parts, body) = request.into_parts();
+    if let Some(state) = &layer.policy.state {
+        (state.0)(&mut parts.extensions);
+    }
+    let caller = match caller(&layer, &mut parts).await {
+        Ok(caller) => caller,
+        Err(Unresolved::Rejected(rejection)) => {
+            tracing::debug!(
+                status = rejection.status().as_u16(),
+                "the caller's identity was refused; nothing claimed"
+            );
+            metrics::request(RequestOutcome::NotRun, &label);
+            return Ok(rejection.map(ResponseBody::full));
+        }
+        Err(Unresolved::Misconfigured(why)) => return Ok(misconfigured(&label, why)),
+    };
     let body = match read_body(body, config.max_body, &parts.headers).await {
         Ok(body) => body,
-        Err(problem) => return Ok(rejected(&problem)),
+        Err(problem) => return Ok(rejected(&problem, &label)),
     };
-    let target = match target(&layer, &mut parts, &body).await {
+    let route_or_path = route.as_deref().unwrap_or(parts.uri.path()).to_owned();
+    let target = match target(&layer, &mut parts, &body, &route_or_path, &caller).await {
         Ok(Some(target)) => target,
         Ok(None) => {
             tracing::debug!("no idempotency key on an optional route; passing through");
-            metrics::request(RequestOutcome::Unkeyed);
+            metrics::request(RequestOutcome::Unkeyed, &label);
             let response = inner.call(Request::from_parts(parts, ReqBody::from(body)));
             return Ok(response.await?.map(ResponseBody::inner));
         }
-        Err(problem) => return Ok(rejected(&problem)),
+        Err(KeyProblem::Client(problem)) => return Ok(rejected(&problem, &label)),
+        Err(KeyProblem::Server(why)) => return Ok(misconfigured(&label, why)),
     };
     let span = tracing::Span::current();
     // The redacted key is a hash: only worth computing if someone listens.
@@ -117,16 +155,16 @@ where
     }
 
     if layer.policy.transactional {
-        return in_transaction(&layer, inner, parts, body, target).await;
+        return in_transaction(&layer, inner, parts, body, target, label).await;
     }
     let started = Instant::now();
     let claimed = claim(&layer, &target).await;
-    metrics::claim_latency(started.elapsed());
+    metrics::claim_latency(started.elapsed(), &label);
     let claim = match claimed {
         Ok(claim) => claim,
-        Err(err) => return Ok(unavailable(&layer, &err)),
+        Err(err) => return Ok(unavailable(&layer, &err, &label)),
     };
-    let owner = match decide(&layer, &target.key, claim) {
+    let owner = match decide(&layer, &target.key, claim, &label) {
         Decision::Run(owner) => owner,
         Decision::Respond(response) => return Ok(response),
     };
@@ -138,27 +176,73 @@ where
         .catch_unwind()
         .await;
     match called {
-        Ok(Ok(response)) => Ok(detached(settle(layer.clone(), guard, response)).await),
+        Ok(Ok(response)) => Ok(detached(settle(layer.clone(), guard, response, label)).await),
         Ok(Err(err)) => {
-            metrics::request(RequestOutcome::Released);
+            metrics::request(RequestOutcome::Released, &label);
             guard.release("service error").await;
             Err(err)
         }
         Err(panic) => {
-            metrics::request(RequestOutcome::Released);
+            metrics::request(RequestOutcome::Released, &label);
             guard.release("panicked").await;
             std::panic::resume_unwind(panic)
         }
     }
 }
 
+/// The request's tenant and user, as the handle's resolvers find them.
+#[derive(Default)]
+struct Caller {
+    tenant: Option<String>,
+    user: Option<String>,
+}
+
+/// Runs the resolvers the route needs: for the placeholders its template
+/// names, and for the caller scope every record is bound to. A resolver
+/// that refuses the request is answered with its rejection only where the
+/// key names it; for the scope alone, a caller without identity is a scope
+/// of its own.
+async fn caller(layer: &IdempotencyLayer, parts: &mut Parts) -> Result<Caller, Unresolved> {
+    let config = &layer.idem.config;
+    let policy = &*layer.policy;
+    let scoped = policy.scope == KeyScope::Caller;
+    let mut caller = Caller::default();
+    for (resolver, placeholder, slot) in [
+        (&config.tenant, Placeholder::Tenant, &mut caller.tenant),
+        (&config.user, Placeholder::User, &mut caller.user),
+    ] {
+        let Some(resolver) = resolver else { continue };
+        let named = policy.template.placeholders().any(|p| *p == placeholder);
+        if !named && !scoped {
+            continue;
+        }
+        *slot = match resolver.resolve(parts).await {
+            Ok(value) => value,
+            Err(Unresolved::Rejected(_)) if !named => None,
+            Err(err) => return Err(err),
+        };
+    }
+    Ok(caller)
+}
+
+/// A route wired so that no request can succeed: the server's error, logged
+/// with the fix.
+fn misconfigured<B: Body>(route: &str, why: String) -> Response<ResponseBody<B>> {
+    metrics::request(RequestOutcome::Misconfigured, route);
+    tracing::error!(route, "idempotency misconfigured: {why}");
+    Problem::Misconfigured(why).to_response()
+}
+
 /// A request the layer refused before claiming anything.
-fn rejected<B: Body>(problem: &Problem) -> Response<ResponseBody<B>> {
-    metrics::request(match problem {
-        Problem::BodyTooLarge { .. } => RequestOutcome::BodyTooLarge,
-        Problem::KeyMissing(_) => RequestOutcome::MissingKey,
-        _ => RequestOutcome::InvalidKey,
-    });
+fn rejected<B: Body>(problem: &Problem, route: &str) -> Response<ResponseBody<B>> {
+    metrics::request(
+        match problem {
+            Problem::BodyTooLarge { .. } => RequestOutcome::BodyTooLarge,
+            Problem::KeyMissing(_) => RequestOutcome::MissingKey,
+            _ => RequestOutcome::InvalidKey,
+        },
+        route,
+    );
     problem.to_response()
 }
 
@@ -170,6 +254,7 @@ async fn in_transaction<S, ReqBody, ResBody>(
     mut parts: Parts,
     body: Bytes,
     target: Target,
+    label: String,
 ) -> Answer<ResBody, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
@@ -192,17 +277,17 @@ where
             OwnerToken::generate(),
         )
         .await;
-    metrics::claim_latency(started.elapsed());
+    metrics::claim_latency(started.elapsed(), &label);
     let tx = match claimed {
         Ok(TransactionalClaim::Acquired(tx)) => tx,
         Ok(TransactionalClaim::Answered(claim)) => {
-            return Ok(match decide(layer, &target.key, claim) {
+            return Ok(match decide(layer, &target.key, claim, &label) {
                 Decision::Respond(response) => response,
                 // The store broke its contract: Acquired comes with a transaction.
-                Decision::Run(_) => unavailable(layer, &ErrorKind::Config.into()),
+                Decision::Run(_) => unavailable(layer, &ErrorKind::Config.into(), &label),
             });
         }
-        Err(err) => return Ok(unavailable(layer, &err)),
+        Err(err) => return Ok(unavailable(layer, &err, &label)),
     };
     tracing::debug!("claimed in a transaction; calling the service");
     tx.attach(&mut parts.extensions);
@@ -213,17 +298,17 @@ where
     let response = match called {
         Ok(Ok(response)) => response,
         Ok(Err(err)) => {
-            metrics::request(RequestOutcome::Released);
+            metrics::request(RequestOutcome::Released, &label);
             rollback(tx, "service error").await;
             return Err(err);
         }
         Err(panic) => {
-            metrics::request(RequestOutcome::Released);
+            metrics::request(RequestOutcome::Released, &label);
             rollback(tx, "panicked").await;
             std::panic::resume_unwind(panic)
         }
     };
-    Ok(detached(settle_transaction(layer.clone(), tx, response)).await)
+    Ok(detached(settle_transaction(layer.clone(), tx, response, label)).await)
 }
 
 /// Runs the work after the handler returned (storing or committing its
@@ -291,6 +376,7 @@ async fn settle<B>(
     layer: IdempotencyLayer,
     guard: ClaimGuard,
     response: Response<B>,
+    label: String,
 ) -> Response<ResponseBody<B>>
 where
     B: Body<Data = Bytes> + Send + 'static,
@@ -300,12 +386,17 @@ where
         Classified::Final(outcome, response) => {
             complete(&layer, &guard, &outcome).await;
             guard.defuse();
-            metrics::request(RequestOutcome::First);
+            metrics::request(RequestOutcome::First, &label);
             response
         }
         Classified::NotFinal(response) => {
-            metrics::request(RequestOutcome::Released);
+            metrics::request(RequestOutcome::Released, &label);
             guard.release("response not final").await;
+            response
+        }
+        Classified::NotRun(response) => {
+            metrics::request(RequestOutcome::NotRun, &label);
+            guard.release("refused before the handler ran").await;
             response
         }
     }
@@ -316,6 +407,7 @@ async fn settle_transaction<B>(
     layer: IdempotencyLayer,
     tx: Box<dyn ClaimTransaction>,
     response: Response<B>,
+    label: String,
 ) -> Response<ResponseBody<B>>
 where
     B: Body<Data = Bytes> + Send + 'static,
@@ -328,17 +420,22 @@ where
             match tx.commit(&outcome, retention).await {
                 Ok(()) => {
                     tracing::debug!("committed the handler's writes with the outcome");
-                    metrics::request(RequestOutcome::First);
+                    metrics::request(RequestOutcome::First, &label);
                     response
                 }
                 // Nothing committed: the handler's writes are gone too, so
                 // the client must not see its success.
-                Err(err) => unavailable(&layer, &err),
+                Err(err) => unavailable(&layer, &err, &label),
             }
         }
         Classified::NotFinal(response) => {
-            metrics::request(RequestOutcome::Released);
+            metrics::request(RequestOutcome::Released, &label);
             rollback(tx, "response not final").await;
+            response
+        }
+        Classified::NotRun(response) => {
+            metrics::request(RequestOutcome::NotRun, &label);
+            rollback(tx, "refused before the handler ran").await;
             response
         }
     }
@@ -355,8 +452,9 @@ async fn rollback(tx: Box<dyn ClaimTransaction>, reason: &'static str) {
 fn unavailable<B: Body>(
     layer: &IdempotencyLayer,
     err: &idem_core::Error,
+    route: &str,
 ) -> Response<ResponseBody<B>> {
-    metrics::request(RequestOutcome::StoreError);
+    metrics::request(RequestOutcome::StoreError, route);
     tracing::error!(error = %err, "idempotency store unavailable; handler not called or its writes not kept");
     Problem::StoreUnavailable {
         retry_after: layer.idem.config.unavailable_retry_after,
@@ -372,7 +470,12 @@ enum Decision<B: Body> {
     Respond(Response<ResponseBody<B>>),
 }
 
-fn decide<B: Body>(layer: &IdempotencyLayer, key: &IdempotencyKey, claim: Claim) -> Decision<B> {
+fn decide<B: Body>(
+    layer: &IdempotencyLayer,
+    key: &IdempotencyKey,
+    claim: Claim,
+    route: &str,
+) -> Decision<B> {
     let outcome = match &claim {
         Claim::Acquired(_) => None,
         Claim::Replay(Outcome::Response(_)) => Some(RequestOutcome::Replayed),
@@ -381,7 +484,7 @@ fn decide<B: Body>(layer: &IdempotencyLayer, key: &IdempotencyKey, claim: Claim)
         Claim::Mismatch => Some(RequestOutcome::Mismatch),
     };
     if let Some(outcome) = outcome {
-        metrics::request(outcome);
+        metrics::request(outcome, route);
         if outcome.is_collision() {
             layer.idem.config.collisions.record(key.composite());
         }
@@ -399,7 +502,10 @@ fn decide<B: Body>(layer: &IdempotencyLayer, key: &IdempotencyKey, claim: Claim)
             tracing::info!("completed without a replayable response");
             Decision::Respond(Problem::NotReplayable.to_response())
         }
-        Claim::InFlight { retry_after } => {
+        Claim::InFlight {
+            retry_after: lease_left,
+        } => {
+            let retry_after = layer.idem.config.in_flight_retry_after.min(lease_left);
             tracing::info!(?retry_after, "duplicate of a request in flight");
             Decision::Respond(Problem::InFlight { retry_after }.to_response())
         }
@@ -432,32 +538,52 @@ where
     }
 }
 
+/// Why no key could be built: the client's request (400), or the route's
+/// wiring (500).
+enum KeyProblem {
+    Client(Problem),
+    Server(String),
+}
+
 /// Builds the key and fingerprint; `None` when an optional key is absent.
 async fn target(
     layer: &IdempotencyLayer,
     parts: &mut Parts,
     body: &Bytes,
-) -> Result<Option<Target>, Problem> {
+    route: &str,
+    caller: &Caller,
+) -> Result<Option<Target>, KeyProblem> {
     let config = &layer.idem.config;
     let policy = &*layer.policy;
-    let route = route_of(parts, policy);
     let params = path_params(parts, policy).await;
-    let tenant = config.tenant.as_ref().and_then(|r| r.resolve(parts));
-    let user = config.user.as_ref().and_then(|r| r.resolve(parts));
-    let view = RequestView::new(&parts.method, &route, &parts.headers)
+    let view = RequestView::new(&parts.method, route, &parts.headers)
         .path_params(&params)
         .query(parts.uri.query())
         .body(body)
-        .tenant(tenant.as_deref())
-        .user(user.as_deref());
-    let key = match policy.template.evaluate(&view, &config.namespace) {
+        .tenant(caller.tenant.as_deref())
+        .user(caller.user.as_deref());
+    let key = match policy
+        .template
+        .evaluate_scoped(&view, &config.namespace, policy.scope)
+    {
         Ok(key) => key,
+        // Path parameters come from the route, never the client: one the
+        // route lacks is a template written for another route.
+        Err(KeyError::Missing(Placeholder::Path(name))) => {
+            return Err(KeyProblem::Server(format!(
+                "the key template `{}` reads {{path:{name}}}, and the route `{route}` has no \
+                 such parameter: fix the template, or name the route's pattern with \
+                 IdempotencyLayer::route when the service is not behind an axum router",
+                policy.template
+            )));
+        }
         Err(KeyError::Missing(_)) if !policy.required && no_client_part(policy, &view) => {
             return Ok(None);
         }
-        Err(err) => return Err(key_problem(err)),
+        Err(err) => return Err(KeyProblem::Client(key_problem(err))),
     };
-    let fingerprint = Fingerprint::of(&view, &policy.fingerprint).map_err(key_problem)?;
+    let fingerprint = Fingerprint::of(&view, &policy.fingerprint)
+        .map_err(|err| KeyProblem::Client(key_problem(err)))?;
     Ok(Some(Target { key, fingerprint }))
 }
 
@@ -478,15 +604,15 @@ fn key_problem(err: KeyError) -> Problem {
     }
 }
 
-fn route_of(parts: &Parts, policy: &super::Policy) -> String {
+/// The route pattern: as axum matched it, or as the layer was told.
+fn matched_route(extensions: &http::Extensions, policy: &super::Policy) -> Option<String> {
     #[cfg(feature = "axum")]
-    if let Some(route) = crate::axum::matched_route(parts) {
-        return route.to_owned();
+    if let Some(route) = extensions.get::<axum::extract::MatchedPath>() {
+        return Some(route.as_str().to_owned());
     }
-    match &policy.route {
-        Some(pattern) => pattern.as_str().to_owned(),
-        None => parts.uri.path().to_owned(),
-    }
+    #[cfg(not(feature = "axum"))]
+    let _ = extensions;
+    policy.route.as_ref().map(|p| p.as_str().to_owned())
 }
 
 /// The matched route's parameters: they name the resource, so they feed the
@@ -585,6 +711,9 @@ enum Classified<B: Body> {
     Final(Outcome, Response<ResponseBody<B>>),
     /// Not final (5xx, 429, ...): release the key; send this response.
     NotFinal(Response<ResponseBody<B>>),
+    /// Not the handler's: a rejection from before it ran, on a route that
+    /// requires [`HandlerRan`]. Release the key; send this response.
+    NotRun(Response<ResponseBody<B>>),
 }
 
 /// Applies the outcome policy, buffering a final response for storage.
@@ -594,6 +723,13 @@ where
 {
     let config = &layer.idem.config;
     let status = response.status();
+    if layer.policy.require_handler_ran && response.extensions().get::<HandlerRan>().is_none() {
+        tracing::debug!(
+            status = status.as_u16(),
+            "refused before the handler ran; nothing kept"
+        );
+        return Classified::NotRun(response.map(ResponseBody::inner));
+    }
     if !(config.keep)(status) {
         return Classified::NotFinal(response.map(ResponseBody::inner));
     }

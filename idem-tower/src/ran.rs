@@ -1,0 +1,53 @@
+//! The signal that a handler ran, as opposed to a request refused before it
+//! started.
+
+/// Marks a response as the outcome of a handler that ran.
+///
+/// A request refused before its handler started (an extractor's 400, 401,
+/// 415 or 422) changed nothing, so it must not burn its key: the client
+/// fixes the request and retries with the same key. `#[idempotent]`
+/// handlers need nothing more: the attribute marks every response their
+/// function returns. A layer added by hand learns it from this marker once
+/// it is told to with
+/// [`IdempotencyLayer::require_handler_ran`](crate::IdempotencyLayer::require_handler_ran):
+/// a response that carries `HandlerRan` in its extensions goes through the
+/// outcome policy (stored if final); one that does not is sent as it is and
+/// its key released.
+///
+/// With axum, a handler marks its response by putting `HandlerRan` in the
+/// tuple it returns, after the status if there is one:
+///
+/// ```
+/// # #[cfg(feature = "axum")] mod example {
+/// use axum::{Json, http::StatusCode, routing::post, Router};
+/// use idem_tower::{HandlerRan, Idempotency, MemoryStore};
+///
+/// async fn create_order(Json(order): Json<serde_json::Value>) -> (StatusCode, HandlerRan, Json<serde_json::Value>) {
+///     (StatusCode::CREATED, HandlerRan, Json(order))
+/// }
+///
+/// pub fn app() -> Result<Router, idem_tower::Error> {
+///     let idem = Idempotency::new(MemoryStore::new());
+///     let layer = idem.layer_with_key("order:{header:idempotency-key}")?.require_handler_ran();
+///     Ok(Router::new().route("/orders", post(create_order).layer(layer)))
+/// }
+/// # }
+/// ```
+///
+/// Any other service inserts it with
+/// `response.extensions_mut().insert(HandlerRan)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HandlerRan;
+
+#[cfg(feature = "axum")]
+impl axum::response::IntoResponseParts for HandlerRan {
+    type Error = std::convert::Infallible;
+
+    fn into_response_parts(
+        self,
+        mut res: axum::response::ResponseParts,
+    ) -> Result<axum::response::ResponseParts, Self::Error> {
+        res.extensions_mut().insert(self);
+        Ok(res)
+    }
+}
