@@ -1,25 +1,18 @@
 //! What the orders app's `GET /metrics` says after known traffic: requests
-//! by outcome, claim latency and the keys duplicates hit most. In a test
-//! binary of its own: the metrics recorder is process-wide.
+//! by outcome and matched route, claim latency and the keys duplicates hit
+//! most. In a test binary of its own: the metrics recorder is process-wide.
+//! The recorder is the one the `orders` binary installs
+//! (`examples/tests/metrics.rs` scrapes the binary itself).
 
 use http::StatusCode;
-use idem_examples::orders::App;
+use idem_examples::orders::{App, install_prometheus};
 use idem_tests::{Call, Harness};
-use metrics_exporter_prometheus::PrometheusBuilder;
-
-fn value(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-}
+use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_count_requests_by_outcome_and_the_most_collided_keys() {
-    let recorder = PrometheusBuilder::new().build_recorder();
-    let handle = recorder.handle();
-    metrics::set_global_recorder(recorder).expect("the only recorder in this binary");
-
+async fn metrics_count_requests_by_outcome_and_route_and_the_most_collided_keys() {
     let mut app = App::in_memory(true);
-    app.prometheus = Some(handle);
+    app.prometheus = Some(install_prometheus().expect("the only recorder in this binary"));
     let h = Harness::serve(app).await;
 
     for _ in 0..10 {
@@ -30,30 +23,132 @@ async fn metrics_count_requests_by_outcome_and_the_most_collided_keys() {
     assert_eq!(mismatch.status, StatusCode::UNPROCESSABLE_ENTITY);
     let other = h.send(h.order("m", "bob", "calm", 100)).await;
     assert_eq!(other.status, StatusCode::CREATED);
-    let missing = Call::post(
-        "/orders",
-        &serde_json::json!({"sku": "x", "qty": 1, "amount_cents": 1}),
-    )
-    .header("x-tenant-id", "m")
-    .header("authorization", "Bearer ann");
+    let missing = Call::post("/orders", &json!({"sku": "x", "qty": 1, "amount_cents": 1}))
+        .header("x-tenant-id", "m")
+        .header("authorization", "Bearer ann");
     assert_eq!(h.send(missing).await.status, StatusCode::BAD_REQUEST);
 
-    let text = String::from_utf8(h.send(Call::get("/metrics")).await.body.to_vec()).unwrap();
-    let outcome = |o: &str| value(&text, &format!("idem_requests_total{{outcome=\"{o}\"}}"));
-    assert_eq!(outcome("first"), Some(2.0), "{text}");
-    assert_eq!(outcome("replayed"), Some(9.0), "{text}");
-    assert_eq!(outcome("mismatch"), Some(1.0), "{text}");
-    assert_eq!(outcome("missing_key"), Some(1.0), "{text}");
-    assert!(text.contains("idem_claim_seconds"), "{text}");
-    assert_eq!(value(&text, "orders_handler_calls_total"), Some(2.0));
-
-    let storm_key = format!(
-        "idem_key_collisions{{key=\"order-create:{}:ann:storm\"}}",
-        h.unique("m")
+    // A route with a path parameter: labelled by its pattern, never its path.
+    let payment_no = h.unique("P-metrics");
+    let created = Call::post(
+        "/payments",
+        &json!({"payment_no": payment_no, "amount_cents": 500}),
     );
-    assert_eq!(value(&text, &storm_key), Some(10.0), "{text}");
+    assert_eq!(h.send(created).await.status, StatusCode::CREATED);
+    let callback = || {
+        Call::post(
+            &format!("/payments/{payment_no}/callback"),
+            &json!({"status": "PAID", "amount_cents": 500}),
+        )
+    };
+    assert_eq!(h.send(callback()).await.status, StatusCode::OK);
+    assert!(h.send(callback()).await.replayed());
+
+    let text = String::from_utf8(h.send(Call::get("/metrics")).await.body.to_vec()).unwrap();
+    let orders = |o: &str| {
+        value(
+            &text,
+            "idem_requests_total",
+            &[("outcome", o), ("route", "/orders")],
+        )
+    };
+    assert_eq!(orders("first"), Some(2.0), "{text}");
+    assert_eq!(orders("replayed"), Some(9.0), "{text}");
+    assert_eq!(orders("mismatch"), Some(1.0), "{text}");
+    assert_eq!(orders("missing_key"), Some(1.0), "{text}");
+    let callbacks = |o: &str| {
+        value(
+            &text,
+            "idem_requests_total",
+            &[("outcome", o), ("route", "/payments/{payment_no}/callback")],
+        )
+    };
+    assert_eq!(callbacks("first"), Some(1.0), "{text}");
+    assert_eq!(callbacks("replayed"), Some(1.0), "{text}");
+    assert!(
+        !text.contains(&format!("route=\"/payments/{payment_no}")),
+        "a path is never a label: {text}"
+    );
+    assert_eq!(
+        value(&text, "idem_requests_total", &[]),
+        Some(15.0),
+        "every request, on a named route: {text}"
+    );
+    assert!(
+        text.contains("# TYPE idem_claim_seconds histogram"),
+        "{text}"
+    );
+    assert_eq!(
+        value(&text, "idem_claim_seconds_count", &[("route", "/orders")]),
+        Some(12.0),
+        "the claims of the keyed orders (not the one without a key): {text}"
+    );
+    assert_eq!(value(&text, "orders_handler_calls_total", &[]), Some(2.0));
+
+    let storm_key = format!("order-create:{}:ann:storm", h.unique("m"));
+    assert_eq!(
+        value(&text, "idem_key_collisions", &[("key", &storm_key)]),
+        Some(10.0),
+        "{text}"
+    );
     assert!(
         !text.contains(":bob:calm"),
         "a key without duplicates never collided"
     );
+}
+
+/// The sum of the samples of `name` whose labels include every pair of
+/// `labels`, in any order among any others (PromQL's `sum(name{labels})`);
+/// `None` when none matches.
+fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let matching: Vec<f64> = text
+        .lines()
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .map(|line| sample(line).unwrap_or_else(|| panic!("not a sample: {line:?}")))
+        .filter(|(n, found, _)| {
+            n == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| found.iter().any(|(fk, fv)| fk == k && fv == v))
+        })
+        .map(|(_, _, value)| value)
+        .collect();
+    (!matching.is_empty()).then(|| matching.iter().sum())
+}
+
+/// A label's name and value.
+type Label = (String, String);
+
+/// `name{k="v",...} value`: the name, the labels (values unescaped) and the
+/// value.
+fn sample(line: &str) -> Option<(String, Vec<Label>, f64)> {
+    let name_end = line.find(['{', ' '])?;
+    let mut labels = Vec::new();
+    let mut rest = &line[name_end..];
+    if let Some(mut inner) = rest.strip_prefix('{') {
+        loop {
+            inner = inner.trim_start_matches([',', ' ']);
+            if let Some(tail) = inner.strip_prefix('}') {
+                rest = tail;
+                break;
+            }
+            let (key, after_key) = inner.split_once("=\"")?;
+            let mut value = String::new();
+            let mut chars = after_key.char_indices();
+            let close = loop {
+                match chars.next()? {
+                    (at, '"') => break at,
+                    (_, '\\') => match chars.next()?.1 {
+                        'n' => value.push('\n'),
+                        other => value.push(other),
+                    },
+                    (_, other) => value.push(other),
+                }
+            };
+            labels.push((key.trim().to_owned(), value));
+            inner = &after_key[close + 1..];
+        }
+    }
+    let value = rest.split_whitespace().next()?.parse().ok()?;
+    Some((line[..name_end].to_owned(), labels, value))
 }

@@ -1,9 +1,10 @@
 //! The reference app: `cargo run -p idem-examples --bin orders -- --help`.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use clap::Parser;
-use idem_examples::orders::App;
+use idem_examples::orders::{App, install_prometheus, register_tier_counters};
 use tracing_subscriber::EnvFilter;
 
 /// Orders and payments, made idempotent with idem.
@@ -34,7 +35,23 @@ async fn main() -> Result<(), idem_examples::orders::BoxError> {
         )
         .init();
     let args = Args::parse();
-    let app = App::connect_tiered(&args.database, args.redis.as_deref(), args.chaos, |b| b).await?;
+    // Before anything records: what `GET /metrics` serves of idem's own
+    // metrics comes from this recorder.
+    let prometheus = install_prometheus()?;
+    let mut app =
+        App::connect_tiered(&args.database, args.redis.as_deref(), args.chaos, |b| b).await?;
+    if app.tier.is_some() {
+        register_tier_counters();
+    }
+    app.prometheus = Some(prometheus.clone());
+    // Drains recorded latencies into the histogram even when nobody scrapes.
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            every.tick().await;
+            prometheus.run_upkeep();
+        }
+    });
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, database = %args.database, redis = ?args.redis, chaos = args.chaos, "orders listening on http://{addr}");

@@ -201,7 +201,12 @@ pub(crate) async fn metrics(State(app): State<App>) -> Response {
         app.calls.orders(),
         app.calls.callbacks(),
     ));
-    body.push_str("# TYPE idem_key_collisions gauge\n");
+    // The keys duplicates hit most, from idem's bounded table: at most ten
+    // series, each a key's first 64 characters and its duplicates so far.
+    body.push_str(
+        "# HELP idem_key_collisions Duplicates seen per key since start (an upper bound), top ten keys.\n\
+         # TYPE idem_key_collisions gauge\n",
+    );
     for top in app.idem.top_collisions(10) {
         let key = top.key.replace('\\', "\\\\").replace('"', "\\\"");
         body.push_str(&format!(

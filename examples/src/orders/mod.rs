@@ -14,6 +14,7 @@ mod annotated;
 mod data;
 mod db;
 mod handlers;
+mod prometheus;
 mod sql;
 
 use std::fmt;
@@ -36,6 +37,10 @@ use metrics_exporter_prometheus::PrometheusHandle;
 
 pub use data::{Data, Writer};
 pub use db::{Db, Order, Payment, PaymentState, STARTING_BALANCE_CENTS};
+pub use prometheus::{
+    CLAIM_SECONDS_BUCKETS, TIER_COUNTERS, install_prometheus, prometheus_recorder,
+    register_tier_counters,
+};
 pub use sql::{NewOrder, OrdersSql};
 
 /// Anything that went wrong starting the app.

@@ -1,0 +1,94 @@
+//! The Prometheus recorder behind `GET /metrics`: what the `orders` binary
+//! installs so that idem's metrics (requests by outcome and route, claim
+//! latency, the tiered store's counters) are served next to the app's own.
+
+use metrics::Unit;
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
+
+use super::BoxError;
+
+/// The claim latency histogram's upper bounds, in seconds: from an
+/// in-memory claim (microseconds) through a Redis or SQL round trip
+/// (milliseconds) to a duplicate waiting on a row lock (seconds).
+pub const CLAIM_SECONDS_BUCKETS: &[f64] = &[
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+
+/// The tiered store's counters, all reported from the start (at 0) once a
+/// Redis gate is in front, so that `increase()` sees their first event.
+pub const TIER_COUNTERS: &[(&str, &str)] = &[
+    (
+        "idem_tier_answered_by_gate_total",
+        "Claims answered by the Redis gate alone (replay, in flight, mismatch).",
+    ),
+    (
+        "idem_tier_cache_hits_total",
+        "Claims answered by the in-process cache of completed records.",
+    ),
+    (
+        "idem_tier_degraded_total",
+        "Claims decided by SQL alone because Redis failed, timed out or its breaker was open.",
+    ),
+    (
+        "idem_tier_fallback_caught_total",
+        "Duplicates the Redis gate let through and SQL's unique index caught.",
+    ),
+    (
+        "idem_tier_breaker_opened_total",
+        "Times the Redis circuit breaker opened.",
+    ),
+    (
+        "idem_tier_breaker_recovered_total",
+        "Times a probe found Redis back and closed the breaker.",
+    ),
+];
+
+/// A Prometheus recorder for the app: `idem_claim_seconds` renders as a
+/// histogram with [`CLAIM_SECONDS_BUCKETS`] (aggregatable across instances
+/// with `histogram_quantile`), other histograms as summaries.
+pub fn prometheus_recorder() -> PrometheusRecorder {
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full("idem_claim_seconds".to_owned()),
+            CLAIM_SECONDS_BUCKETS,
+        )
+        .expect("CLAIM_SECONDS_BUCKETS is not empty")
+        .build_recorder()
+}
+
+/// Installs [`prometheus_recorder`] as this process's `metrics` recorder,
+/// describes idem's metrics, and returns the handle `GET /metrics` renders
+/// from (put it in [`App::prometheus`](super::App::prometheus)). Once per
+/// process: a second call fails. Nothing drains the histograms between
+/// scrapes unless the caller runs [`PrometheusHandle::run_upkeep`] now and
+/// then (the binary does, every few seconds).
+pub fn install_prometheus() -> Result<PrometheusHandle, BoxError> {
+    let recorder = prometheus_recorder();
+    let handle = recorder.handle();
+    metrics::set_global_recorder(recorder)?;
+    metrics::describe_counter!(
+        "idem_requests_total",
+        "Requests through the idempotency layer, by outcome and matched route pattern."
+    );
+    metrics::describe_histogram!(
+        "idem_claim_seconds",
+        Unit::Seconds,
+        "Time to claim an idempotency key in the store, by matched route pattern."
+    );
+    for (name, help) in TIER_COUNTERS {
+        metrics::describe_counter!(*name, *help);
+    }
+    Ok(handle)
+}
+
+/// Reports the tiered store's counters at 0, so that they exist before
+/// their first event: call it once, after installing the recorder, when a
+/// Redis gate is in front.
+pub fn register_tier_counters() {
+    for (name, _) in TIER_COUNTERS {
+        metrics::counter!(*name).increment(0);
+    }
+}
