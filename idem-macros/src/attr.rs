@@ -14,7 +14,7 @@ use syn::punctuated::Punctuated;
 use syn::{Ident, Lit, LitBool, LitStr, Token, bracketed};
 
 /// The arguments, in the order the docs list them.
-const ARGUMENTS: [&str; 7] = [
+const ARGUMENTS: [&str; 8] = [
     "key",
     "ttl",
     "lease",
@@ -22,6 +22,7 @@ const ARGUMENTS: [&str; 7] = [
     "in_flight",
     "fingerprint",
     "transactional",
+    "shared_across_callers",
 ];
 
 /// `#[idempotent(...)]`, parsed and checked.
@@ -33,6 +34,7 @@ pub(crate) struct Args {
     pub(crate) in_flight: Option<InFlight>,
     pub(crate) fingerprint: Option<Fingerprint>,
     pub(crate) transactional: bool,
+    pub(crate) shared_across_callers: bool,
 }
 
 /// The key template as written, and as parsed.
@@ -71,9 +73,10 @@ struct RawArgs {
     ttl: Option<Duration>,
     lease: Option<Duration>,
     required: Option<bool>,
-    in_flight: Option<InFlight>,
+    in_flight: Option<(InFlight, Span)>,
     fingerprint: Option<(Fingerprint, Span)>,
     transactional: Option<bool>,
+    shared_across_callers: Option<bool>,
 }
 
 impl RawArgs {
@@ -114,20 +117,23 @@ impl RawArgs {
             }
             "in_flight" => {
                 let lit = string_value(&meta, &ident, "in_flight = \"wait(5s)\"")?;
-                set(&mut self.in_flight, &ident, parse_in_flight(&lit)?)
+                set(
+                    &mut self.in_flight,
+                    &ident,
+                    (parse_in_flight(&lit)?, lit.span()),
+                )
             }
             "fingerprint" => {
                 let value = fingerprint_value(&meta, &ident)?;
                 set(&mut self.fingerprint, &ident, value)
             }
             "transactional" => {
-                // A bare `transactional` means `transactional = true`.
-                let value = if meta.input.peek(Token![=]) {
-                    bool_value(&meta, &ident, "transactional (or transactional = true)")?.value
-                } else {
-                    true
-                };
+                let value = flag_value(&meta, &ident)?;
                 set(&mut self.transactional, &ident, value)
+            }
+            "shared_across_callers" => {
+                let value = flag_value(&meta, &ident)?;
+                set(&mut self.shared_across_callers, &ident, value)
             }
             _ => Err(syn::Error::new(ident.span(), unknown_argument(&name))),
         }
@@ -162,14 +168,26 @@ impl RawArgs {
             }
             other => other.map(|(fingerprint, _)| fingerprint),
         };
+        let transactional = self.transactional.unwrap_or(false);
+        if let Some((InFlight::Wait(_), span)) = &self.in_flight
+            && transactional
+        {
+            return Err(syn::Error::new(
+                *span,
+                "a transactional handler cannot wait for in-flight duplicates: a waiting \
+                 duplicate would hold a database connection for as long as the first request \
+                 runs. Write in_flight = \"reject\" instead (409 with Retry-After)",
+            ));
+        }
         Ok(Args {
             key,
             ttl: self.ttl,
             lease: self.lease,
             required: self.required,
-            in_flight: self.in_flight,
+            in_flight: self.in_flight.map(|(in_flight, _)| in_flight),
             fingerprint,
-            transactional: self.transactional.unwrap_or(false),
+            transactional,
+            shared_across_callers: self.shared_across_callers.unwrap_or(false),
         })
     }
 }
@@ -254,6 +272,16 @@ fn bool_value(meta: &ParseNestedMeta<'_>, ident: &Ident, example: &str) -> syn::
             other.span(),
             format!("`{ident}` takes `true` or `false`: write {example}"),
         )),
+    }
+}
+
+/// A flag: bare `name` means `name = true`.
+fn flag_value(meta: &ParseNestedMeta<'_>, ident: &Ident) -> syn::Result<bool> {
+    if meta.input.peek(Token![=]) {
+        let example = format!("{ident} (or {ident} = true)");
+        Ok(bool_value(meta, ident, &example)?.value)
+    } else {
+        Ok(true)
     }
 }
 
@@ -433,6 +461,7 @@ mod tests {
             required = false,
             in_flight = "wait(5s)",
             fingerprint = ["/payment_no", "/amount"],
+            shared_across_callers,
         ))
         .unwrap();
         assert_eq!(
@@ -444,6 +473,8 @@ mod tests {
         assert_eq!(args.required, Some(false));
         assert!(matches!(args.in_flight, Some(InFlight::Wait(d)) if d == Duration::from_secs(5)));
         assert!(matches!(&args.fingerprint, Some(Fingerprint::JsonFields(p)) if p.len() == 2));
+        assert!(args.shared_across_callers);
+        assert!(!args.transactional);
     }
 
     #[test]
@@ -499,6 +530,14 @@ mod tests {
                 "unknown fingerprint",
             ),
             (quote!(key), "`key` needs a value"),
+            (
+                quote!(key = "a:{path:id}", shared_across_callers = "yes"),
+                "`shared_across_callers` takes `true` or `false`",
+            ),
+            (
+                quote!(key = "a:{path:id}", transactional, in_flight = "wait(5s)"),
+                "cannot wait for in-flight duplicates",
+            ),
             (quote!(ttl = "1h"), "missing `key`"),
         ] {
             let message = error(attr.clone());

@@ -1,7 +1,8 @@
 //! Expanding `#[idempotent]`: the user's function, kept intact under a
 //! hidden name, and a unit struct of the handler's name whose
 //! `axum::handler::Handler` impl wraps that function in an
-//! `IdempotencyLayer`.
+//! `IdempotencyLayer`, and which dereferences to the function so that it
+//! can still be called.
 
 use proc_macro2::{Literal, TokenStream, TokenTree};
 use quote::{format_ident, quote, quote_spanned};
@@ -113,7 +114,7 @@ fn generate(args: &Args, function: &ItemFn) -> TokenStream {
     let hidden = format_ident!("__idem_{}", name, span = span);
 
     // The struct takes the docs (it is what rustdoc shows under the
-    // handler's name) and, like the impl, any `#[cfg]`.
+    // handler's name) and, like the impls, any `#[cfg]`.
     let docs_and_cfgs: Vec<&Attribute> = function
         .attrs
         .iter()
@@ -126,39 +127,166 @@ fn generate(args: &Args, function: &ItemFn) -> TokenStream {
         .collect();
 
     let types: Vec<&Type> = argument_types(function).collect();
-    let (impl_generics, marker, tuple, extractor_bounds) = match types.split_last() {
+    let values: Vec<_> = (0..types.len())
+        .map(|i| format_ident!("__idem_arg{}", i, span = span))
+        .collect();
+
+    let mut inner = function.clone();
+    inner.sig.ident = hidden.clone();
+
+    // `create_order(args)` still calls the function: the unit struct
+    // dereferences to a function pointer, and a call expression derefs its
+    // callee. Unit tests call it this way, and so does the check
+    // `#[axum::debug_handler]` emits when it sits above `#[idempotent]`.
+    let (output, boxed) = match &function.sig.output {
+        ReturnType::Default => (
+            quote_spanned!(span=> ()),
+            quote_spanned!(span=> #p::Box::pin(#hidden(#(#values),*))),
+        ),
+        // An `impl IntoResponse` cannot be named in the pointer's type.
+        ReturnType::Type(_, ty) if contains_impl(quote!(#ty)) => (
+            quote_spanned!(span=> #p::axum::response::Response),
+            quote_spanned! {span=>
+                #p::Box::pin(async move {
+                    #p::axum::response::IntoResponse::into_response(#hidden(#(#values),*).await)
+                })
+            },
+        ),
+        ReturnType::Type(_, ty) => (
+            quote!(#ty),
+            quote_spanned!(span=> #p::Box::pin(#hidden(#(#values),*))),
+        ),
+    };
+    let pointer = quote_spanned!(span=> fn(#(#types),*) -> #p::BoxFuture<#output>);
+    let callable = quote_spanned! {span=>
+        #(#cfgs)*
+        #[allow(clippy::type_complexity)]
+        impl #p::Deref for #name {
+            type Target = #pointer;
+
+            fn deref(&self) -> &Self::Target {
+                fn call(#(#values: #types),*) -> #p::BoxFuture<#output> {
+                    #boxed
+                }
+                &(call as #pointer)
+            }
+        }
+    };
+
+    let handler = match check_arguments(args, function) {
+        Ok(()) => handler_impl(args, function, &types, &values),
+        // The errors say what to fix; an impl that asks nothing of the state
+        // keeps the handler's routes from adding errors of their own.
+        Err(err) => {
+            let err = err.into_compile_error();
+            quote_spanned! {span=>
+                #err
+
+                #(#cfgs)*
+                impl<__IdemS> #p::axum::handler::Handler<#p::Marker<()>, __IdemS> for #name
+                where
+                    __IdemS: #p::Clone + #p::Send + #p::Sync + 'static,
+                {
+                    type Future = #p::HandlerFuture;
+
+                    fn call(self, _: #p::axum::extract::Request, _: __IdemS) -> Self::Future {
+                        ::core::unreachable!("#[idempotent] reported a compile error for this handler")
+                    }
+                }
+            }
+        }
+    };
+
+    quote_spanned! {span=>
+        #[doc(hidden)]
+        #inner
+
+        #(#docs_and_cfgs)*
+        #[allow(non_camel_case_types)]
+        #[derive(#p::Clone, #p::Copy, #p::Debug)]
+        #vis struct #name;
+
+        #callable
+
+        #handler
+    }
+}
+
+/// The `axum::handler::Handler` impl: for any router state that gives the
+/// handle and on which every argument is an extractor.
+fn handler_impl(
+    args: &Args,
+    function: &ItemFn,
+    types: &[&Type],
+    values: &[proc_macro2::Ident],
+) -> TokenStream {
+    let p = quote!(::idem_tower::__private);
+    let name = &function.sig.ident;
+    let span = name.span();
+
+    // Each bound is on the state, spanned on its argument: the compiler
+    // checks it once it knows the router state, and an argument that is
+    // not an extractor is reported in the words of `HeadArg`/`LastArg`,
+    // pointing at the argument.
+    let mut bounds = TokenStream::new();
+    let mut extract = TokenStream::new();
+    let (impl_generics, marker) = match types.split_last() {
         None => (
             quote_spanned!(span=> <__IdemS>),
             quote_spanned!(span=> #p::Marker<()>),
-            quote_spanned!(span=> ((),)),
-            TokenStream::new(),
         ),
         Some((last, init)) => {
-            let mut bounds = TokenStream::new();
-            for ty in init {
-                bounds.extend(quote_spanned! {ty.span()=>
-                    #ty: #p::axum::extract::FromRequestParts<__IdemS> + #p::Send,
+            if !init.is_empty() {
+                extract.extend(quote_spanned! {span=>
+                    let (mut __idem_parts, __idem_body) = __idem_request.into_parts();
                 });
             }
-            bounds.extend(quote_spanned! {last.span()=>
-                #last: #p::axum::extract::FromRequest<__IdemS, __IdemM> + #p::Send,
-                __IdemM: 'static,
+            for (ty, value) in init.iter().zip(values) {
+                bounds.extend(spanned_on(ty, quote!(__IdemS: #p::HeadArg<#ty>)));
+                extract.extend(quote_spanned! {span=>
+                    let #value = match <__IdemS as #p::HeadArg<#ty>>::extract(&mut __idem_parts, &__idem_state).await {
+                        #p::Ok(value) => value,
+                        #p::Err(rejection) => return rejection,
+                    };
+                });
+            }
+            if !init.is_empty() {
+                extract.extend(quote_spanned! {span=>
+                    let __idem_request = #p::axum::extract::Request::from_parts(__idem_parts, __idem_body);
+                });
+            }
+            let value = &values[init.len()];
+            bounds.extend(spanned_on(
+                last,
+                quote!(__IdemS: #p::LastArg<#last, __IdemM>),
+            ));
+            bounds.extend(quote_spanned!(span=> __IdemM: 'static,));
+            extract.extend(quote_spanned! {span=>
+                let #value = match <__IdemS as #p::LastArg<#last, __IdemM>>::extract(__idem_request, &__idem_state).await {
+                    #p::Ok(value) => value,
+                    #p::Err(rejection) => return rejection,
+                };
             });
             (
                 quote_spanned!(span=> <__IdemS, __IdemM>),
                 quote_spanned!(span=> #p::Marker<__IdemM>),
-                quote_spanned!(span=> (__IdemM, #(#types,)*)),
-                bounds,
             )
         }
     };
-    let response_bound = match &function.sig.output {
-        // `impl IntoResponse` cannot be named here; axum's own handler impl
-        // still requires it of the function.
-        ReturnType::Type(_, ty) if !contains_impl(quote!(#ty)) => {
-            quote_spanned!(ty.span()=> #ty: #p::axum::response::IntoResponse,)
-        }
-        _ => TokenStream::new(),
+    if types.is_empty() {
+        extract.extend(quote_spanned!(span=> let _ = (__idem_request, __idem_state);));
+    }
+    // Only what the function returns is marked as its outcome: a rejection
+    // from an extractor (which never reaches it) is not kept. Spanned on
+    // the return type, where a type that is no response is reported.
+    let ran_span = match &function.sig.output {
+        ReturnType::Type(_, ty) => ty.span(),
+        ReturnType::Default => span,
+    };
+    let response = quote_spanned!(ran_span=> __idem_response);
+    let ran = quote_spanned! {ran_span=>
+        let #response = #name(#(#values),*).await;
+        #p::handler_ran(#response)
     };
 
     let key = &args.key.lit;
@@ -194,45 +322,176 @@ fn generate(args: &Args, function: &ItemFn) -> TokenStream {
         };
         settings.extend(quote_spanned!(span=> .fingerprint(#spec)));
     }
-
-    let mut layer = quote_spanned!(span=> #p::layer_with_key(idem, #key) #settings);
+    if args.shared_across_callers {
+        settings.extend(quote_spanned!(span=> .shared_across_callers()));
+    }
+    let mut layer = quote_spanned!(span=> #p::layer_with_key(__idem_handle, #key) #settings);
     if args.transactional {
         layer = quote_spanned!(span=> #p::transactional(#layer));
     }
 
-    let mut inner = function.clone();
-    inner.sig.ident = hidden.clone();
-
+    let cfgs = function.attrs.iter().filter(|a| a.path().is_ident("cfg"));
     quote_spanned! {span=>
-        #[doc(hidden)]
-        #inner
-
-        #(#docs_and_cfgs)*
-        #[allow(non_camel_case_types)]
-        #[derive(#p::Clone, #p::Copy, #p::Debug)]
-        #vis struct #name;
-
         #(#cfgs)*
         impl #impl_generics #p::axum::handler::Handler<#marker, __IdemS> for #name
         where
             __IdemS: #p::StateWithHandle,
-            #extractor_bounds
-            #response_bound
+            #bounds
         {
             type Future = #p::HandlerFuture;
 
-            fn call(self, request: #p::axum::extract::Request, state: __IdemS) -> Self::Future {
+            fn call(self, __idem_request: #p::axum::extract::Request, __idem_state: __IdemS) -> Self::Future {
                 static POLICY: #p::PolicyCell = #p::PolicyCell::new();
-                #p::call::<_, #tuple, __IdemS>(
+                #p::call(
                     &POLICY,
-                    |idem| #layer,
-                    #hidden,
-                    request,
-                    state,
+                    |__idem_handle| #layer,
+                    move |__idem_request: #p::axum::extract::Request, __idem_state: __IdemS| async move {
+                        #extract
+                        #ran
+                    },
+                    __idem_request,
+                    __idem_state,
                 )
             }
         }
     }
+}
+
+/// `predicate,` spanned over `ty` as written, so that an unsatisfied bound
+/// underlines the whole argument type.
+fn spanned_on(ty: &Type, predicate: TokenStream) -> TokenStream {
+    let mut tokens = quote!(#ty).into_iter();
+    let first = tokens.next().map_or_else(|| ty.span(), |t| t.span());
+    let last = tokens.last().map_or(first, |t| t.span());
+    let mut spanned: Vec<TokenTree> = predicate
+        .into_iter()
+        .map(|mut tree| {
+            if !matches!(tree, TokenTree::Group(_)) {
+                tree.set_span(first);
+            }
+            tree
+        })
+        .collect();
+    // The bound's last token, `>`, ends where the type ends.
+    if let Some(end) = spanned.last_mut() {
+        end.set_span(last);
+    }
+    let mut out: TokenStream = spanned.into_iter().collect();
+    out.extend(quote_spanned!(last=> ,));
+    out
+}
+
+/// Mistakes in the arguments that are certain from the signature alone:
+/// a body extractor before the last argument (or two of them), and `Tx`
+/// on a handler that is not transactional.
+fn check_arguments(args: &Args, function: &ItemFn) -> syn::Result<()> {
+    let name = &function.sig.ident;
+    let types: Vec<&Type> = argument_types(function).collect();
+    let mut errors = Vec::new();
+
+    let bodies: Vec<(usize, &Type)> = types
+        .iter()
+        .enumerate()
+        .filter(|(_, ty)| reads_body(ty))
+        .map(|(i, ty)| (i, *ty))
+        .collect();
+    match bodies.as_slice() {
+        [] => {}
+        [(i, ty)] if *i + 1 != types.len() => errors.push(syn::Error::new_spanned(
+            ty,
+            format!(
+                "`{}` reads the request body, so it must be the last argument of `{name}`: \
+                 move it after `{}`",
+                type_name(ty),
+                type_name(types[types.len() - 1]),
+            ),
+        )),
+        [_] => {}
+        [(_, first), rest @ ..] => {
+            for (_, ty) in rest {
+                errors.push(syn::Error::new_spanned(
+                    ty,
+                    format!(
+                        "`{}` reads the request body, and so does `{}`: a request has one \
+                         body, so `{name}` can take one argument that reads it, as its last \
+                         argument. Keep one of them",
+                        type_name(ty),
+                        type_name(first),
+                    ),
+                ));
+            }
+        }
+    }
+
+    if !args.transactional {
+        for ty in &types {
+            if last_segment(ty).is_some_and(|segment| segment.ident == "Tx") {
+                errors.push(syn::Error::new_spanned(
+                    ty,
+                    format!(
+                        "`{}` is the database transaction of a transactional handler, and \
+                         `{name}` is not transactional: add `transactional` to the attribute, \
+                         as in #[idempotent(key = {:?}, transactional)]",
+                        type_name(ty),
+                        args.key.lit.value(),
+                    ),
+                ));
+            }
+        }
+    }
+
+    match errors.into_iter().reduce(|mut all, next| {
+        all.combine(next);
+        all
+    }) {
+        Some(err) => Err(err),
+        None => Ok(()),
+    }
+}
+
+/// The last segment of a path type, such as `Json<Order>` in
+/// `axum::Json<Order>`.
+fn last_segment(ty: &Type) -> Option<&syn::PathSegment> {
+    match ty {
+        Type::Path(path) if path.qself.is_none() => path.path.segments.last(),
+        _ => None,
+    }
+}
+
+/// Whether `ty` is one of axum's extractors that read the request body
+/// (and so implement `FromRequest` only), by name, as
+/// `#[axum::debug_handler]` tells them.
+fn reads_body(ty: &Type) -> bool {
+    const BODY_EXTRACTORS: [&str; 11] = [
+        "Json",
+        "Form",
+        "RawForm",
+        "Multipart",
+        "JsonLines",
+        "Protobuf",
+        "String",
+        "Bytes",
+        "BytesMut",
+        "Body",
+        "Request",
+    ];
+    last_segment(ty).is_some_and(|segment| BODY_EXTRACTORS.iter().any(|b| segment.ident == b))
+}
+
+/// A type as written, for messages: `axum::Json<Order>`, not the spaced
+/// `axum :: Json < Order >` of its token stream.
+fn type_name(ty: &Type) -> String {
+    let spaced = quote!(#ty).to_string();
+    let chars: Vec<char> = spaced.chars().collect();
+    let word = |c: char| c.is_alphanumeric() || c == '_';
+    chars
+        .iter()
+        .enumerate()
+        .filter(|&(i, &c)| {
+            c != ' ' || (i > 0 && i + 1 < chars.len() && word(chars[i - 1]) && word(chars[i + 1]))
+        })
+        .map(|(_, &c)| c)
+        .collect()
 }
 
 /// `Duration::new(secs, nanos)`, exactly as parsed.

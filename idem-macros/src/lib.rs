@@ -14,9 +14,10 @@ use proc_macro::TokenStream;
 /// `post(create_order)`. The router state must hold an `Idempotency` handle,
 /// reached through `FromRef` (or be one). Behind the attribute is the very
 /// layer tower users write by hand, `idem.layer_with_key(key)` plus one
-/// builder call per argument, so both paths answer the same HTTP contract:
-/// 400 when the key is missing, 409 while the first request runs, 422 when
-/// the key is reused for a different request, 503 when the store is down.
+/// builder call per argument and `.require_handler_ran()`, so both paths
+/// answer the same HTTP contract: 400 when the key is missing, 409 while the
+/// first request runs, 422 when the key is reused for a different request,
+/// 503 when the store is down.
 ///
 /// # Arguments
 ///
@@ -24,7 +25,10 @@ use proc_macro::TokenStream;
 ///   `"order-create:{tenant}:{user}:{header:idempotency-key}"`. Placeholders:
 ///   `{tenant}`, `{user}`, `{header:NAME}`, `{path:NAME}`, `{query:NAME}`,
 ///   `{body:/json/pointer}`, `{method}`, `{route}`; at least one must come
-///   from the request itself (header, path, query or body).
+///   from the request itself (header, path, query or body). `{tenant}` and
+///   `{user}` need the matching resolver on the handle: without it, requests
+///   to the handler get a 500 `urn:idem:problem:misconfigured` problem (and
+///   an error log) and the function does not run.
 /// - `ttl = "24h"`: how long a completed response is replayed
 ///   (`IdempotencyLayer::retention`); the handle's retention (24 h) if unset.
 /// - `lease = "30s"`: how long a first attempt holds its key before a
@@ -47,13 +51,34 @@ use proc_macro::TokenStream;
 /// - `transactional`: transactional mode
 ///   (`IdempotencyLayer::transactional`): the claim, the handler's writes
 ///   through a `Tx<DB>` extractor and the stored response commit in one
-///   database transaction, or none of them does. The handle's store must be
-///   a SQL store; on any other, requests to the handler get a 500
-///   `transaction-missing` problem (and an error log) rather than running
-///   without the guarantee.
+///   database transaction, or none of them does. It does not go with
+///   `in_flight = "wait(..)"`: a waiting duplicate would hold a database
+///   connection for as long as the first request runs. The handle's store must be a SQL store; on any other, requests to the
+///   handler get a 500 `transaction-missing` problem (and an error log)
+///   rather than running without the guarantee.
+/// - `shared_across_callers`: let every caller with the same key share one
+///   record (`IdempotencyLayer::shared_across_callers`). By default a record
+///   is bound to the caller who created it: the tenant and user the handle's
+///   resolvers find always scope the key, whether or not the template names
+///   `{tenant}` or `{user}`, so one caller is never replayed another's
+///   response and never held up by another's request in flight. Share only
+///   keys that name a resource any caller acts on in the same way, such as a
+///   payment platform's callback keyed by payment number, whose retries may
+///   come without the credentials of the first.
 ///
 /// Durations are written with a unit: `"30s"`, `"10m"`, `"24h"`, `"7days"`,
-/// `"1h 30m"`.
+/// `"1h 30m"`. The flags `transactional` and `shared_across_callers` may
+/// also be written `= true` or `= false`.
+///
+/// # What is stored
+///
+/// Only what the function returns goes through the outcome policy (stored
+/// if final: 2xx, 3xx, deterministic 4xx; released on 5xx and the like). A
+/// request refused before the function ran, by one of its extractors (a
+/// malformed body's 400, a wrong `Content-Type`'s 415, an auth extractor's
+/// 401) or by a resolver of the handle (its extractor's own rejection), is
+/// answered as it is and claims nothing: the client fixes the request and
+/// retries with the same key, and that retry runs.
 ///
 /// # Checked at compile time
 ///
@@ -62,10 +87,47 @@ use proc_macro::TokenStream;
 /// that does not parse, a template with a syntax error, an unknown
 /// placeholder or no per-request placeholder (a constant key such as
 /// `"idempotent:pay"` would make every user share one key), `{body:...}` in
-/// the key with `fingerprint = "none"`, and a function that is not `async`,
-/// is generic, or is a method taking `self`. A router state that does not
-/// give the handle is reported at the route as "the trait bound
-/// `Idempotency: FromRef<AppState>` is not satisfied".
+/// the key with `fingerprint = "none"`, `in_flight = "wait(..)"` with
+/// `transactional`; a function that is not `async`, is generic, or is a
+/// method taking `self`; an extractor that reads the request body (`Json`,
+/// `Form`, `String`, `Bytes`, `Request`, `Multipart`, ...) anywhere but last,
+/// or two of them; a `Tx` argument on a handler without `transactional`; and
+/// a return type that is not a response.
+///
+/// What depends on the router state is checked at each route, against the
+/// state that route has, so an extractor written for one particular state
+/// is never reported falsely: a state that does not give the handle ("the
+/// router state `AppState` does not give an `Idempotency` handle", with the
+/// `FromRef` impl to write), and an argument that is not an extractor for it
+/// ("`Session` is not an extractor for the router state `AppState`",
+/// pointing at the argument, with what it must implement; this covers a
+/// `State<T>` without `FromRef<AppState> for T`).
+///
+/// `#[axum::debug_handler]` can go above or below `#[idempotent]`.
+///
+/// # Calling the function
+///
+/// The handler stays callable as the function it was, for unit tests:
+/// `create_order(args).await` runs the function alone, with no key, no
+/// store and no handle. The future is boxed, and a function returning
+/// `impl IntoResponse` gives its `Response`.
+///
+/// ```
+/// use axum::{Json, http::StatusCode};
+/// use idem_tower::idempotent;
+/// use serde_json::{Value, json};
+///
+/// #[idempotent(key = "order-create:{header:idempotency-key}")]
+/// async fn create_order(Json(order): Json<Value>) -> (StatusCode, Json<Value>) {
+///     (StatusCode::CREATED, Json(json!({ "order": order })))
+/// }
+///
+/// # async fn unit_test() {
+/// let (status, Json(body)) = create_order(Json(json!({ "sku": "A-1" }))).await;
+/// assert_eq!(status, StatusCode::CREATED);
+/// assert_eq!(body["order"]["sku"], "A-1");
+/// # }
+/// ```
 ///
 /// # Example
 ///
@@ -87,15 +149,21 @@ use proc_macro::TokenStream;
 ///     }
 /// }
 ///
-/// /// Creates an order, once per `Idempotency-Key`.
-/// #[idempotent(key = "order-create:{tenant}:{header:idempotency-key}", ttl = "24h")]
+/// /// Creates an order, once per `Idempotency-Key` and caller.
+/// #[idempotent(key = "order-create:{header:idempotency-key}", ttl = "24h")]
 /// async fn create_order(State(_state): State<AppState>, Json(order): Json<Value>) -> (StatusCode, Json<Value>) {
 ///     (StatusCode::CREATED, Json(json!({ "order": order })))
 /// }
 ///
 /// /// A payment platform's callback, re-pushed until it gets a 2xx: the
-/// /// payment number is the key, and any duplicate is replayed.
-/// #[idempotent(key = "pay-callback:{path:payment_no}", fingerprint = "none", in_flight = "wait(5s)")]
+/// /// payment number is the key, and any duplicate is replayed, whoever
+/// /// sends it.
+/// #[idempotent(
+///     key = "pay-callback:{path:payment_no}",
+///     fingerprint = "none",
+///     in_flight = "wait(5s)",
+///     shared_across_callers
+/// )]
 /// async fn payment_callback(Path(payment_no): Path<String>) -> Json<Value> {
 ///     Json(json!({ "payment_no": payment_no, "state": "PAID" }))
 /// }
@@ -113,15 +181,21 @@ use proc_macro::TokenStream;
 ///
 /// The function is kept as it is, renamed `__idem_create_order` and
 /// `#[doc(hidden)]`, and `create_order` becomes a unit struct (same
-/// visibility, `Clone + Copy`) implementing `axum::handler::Handler` for any
-/// router state `S` where `Idempotency: FromRef<S>` and the extractors work
-/// on `S`. Its `call` builds the route's policy on the first request (the
-/// template is parsed once, never per request) and answers through
-/// `IdempotencyLayer` around `__idem_create_order.with_state(state)`.
-/// Two consequences of the name becoming a unit struct: `create_order(...)`
-/// can no longer be called as a function (test it through the router), and
-/// `let create_order = ...` in the same scope is a pattern matching the
-/// struct, not a new binding: pick another name for the local.
+/// visibility, the function's docs, `Clone + Copy`) that:
+///
+/// - implements `axum::handler::Handler` for any router state `S` that
+///   gives the handle and on which every argument is an extractor (the
+///   bounds are on `S`: that is how the errors above name the argument and
+///   the state). Its `call` builds the route's policy on the first request
+///   (the template is parsed once, never per request) and answers through
+///   `IdempotencyLayer` around a service that runs the extractors and then
+///   the function, whose response it marks with `HandlerRan`;
+/// - dereferences to a function pointer that calls the function, which is
+///   what makes `create_order(args)` a call (see above).
+///
+/// One consequence of the name becoming a unit struct: `let create_order =
+/// ...` in the same scope is a pattern matching the struct, not a new
+/// binding: pick another name for the local.
 #[proc_macro_attribute]
 pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
     let original = proc_macro2::TokenStream::from(item.clone());

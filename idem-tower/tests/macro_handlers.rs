@@ -38,12 +38,18 @@ impl Calls {
 #[derive(Clone, Default)]
 pub struct FailNext(Arc<AtomicBool>);
 
+/// The members an API key stands for: what the `Member` extractor looks
+/// keys up in.
+#[derive(Clone, Default)]
+pub struct Directory(Arc<HashMap<String, String>>);
+
 /// The router state: the handle, and what the handlers count with.
 #[derive(Clone)]
 pub struct AppState {
     idem: Idempotency,
     calls: Calls,
     fail_next: FailNext,
+    directory: Directory,
 }
 
 impl FromRef<AppState> for Idempotency {
@@ -65,12 +71,19 @@ impl FromRef<AppState> for FailNext {
 }
 
 fn state() -> AppState {
-    AppState {
-        idem: Idempotency::builder(MemoryStore::new())
+    state_with(
+        Idempotency::builder(MemoryStore::new())
             .tenant(Resolver::header("x-tenant-id"))
             .build(),
+    )
+}
+
+fn state_with(idem: Idempotency) -> AppState {
+    AppState {
+        idem,
         calls: Calls::default(),
         fail_next: FailNext::default(),
+        directory: Directory::default(),
     }
 }
 
@@ -88,6 +101,29 @@ impl<S: Send + Sync> FromRequestParts<S> for AuthUser {
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(|user| AuthUser(user.to_owned()))
             .ok_or(StatusCode::UNAUTHORIZED)
+    }
+}
+
+/// An extractor that needs the app state: the member an `X-Api-Key`
+/// stands for, looked up in the state's directory.
+struct Member(String);
+
+impl FromRequestParts<AppState> for Member {
+    type Rejection = (StatusCode, &'static str);
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let key = parts
+            .headers
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .ok_or((StatusCode::UNAUTHORIZED, "no api key"))?;
+        let member = state.directory.0.get(key);
+        member
+            .map(|member| Member(member.clone()))
+            .ok_or((StatusCode::FORBIDDEN, "unknown api key"))
     }
 }
 
@@ -166,6 +202,73 @@ async fn ledger_entry(State(calls): State<Calls>) -> StatusCode {
     StatusCode::CREATED
 }
 
+#[idempotent(key = "place:{header:idempotency-key}")]
+async fn place_order(
+    State(calls): State<Calls>,
+    Json(order): Json<Value>,
+) -> (StatusCode, Json<Value>) {
+    let run = calls.run();
+    (
+        StatusCode::CREATED,
+        Json(json!({ "order": order, "run": run })),
+    )
+}
+
+/// Keyed without `{tenant}` or `{user}`: the caller scope still binds each
+/// record to the tenant and user that created it.
+#[idempotent(key = "refund:{path:charge_id}:{header:idempotency-key}")]
+async fn refund_charge(
+    State(calls): State<Calls>,
+    Path(charge_id): Path<String>,
+    AuthUser(user): AuthUser,
+) -> (StatusCode, Json<Value>) {
+    let run = calls.run();
+    let body = json!({ "charge": charge_id, "refunded_by": user, "run": run });
+    (StatusCode::CREATED, Json(body))
+}
+
+/// The same, shared across callers.
+#[idempotent(
+    key = "refund:{path:charge_id}:{header:idempotency-key}",
+    shared_across_callers
+)]
+async fn refund_charge_shared(
+    State(calls): State<Calls>,
+    Path(charge_id): Path<String>,
+    AuthUser(user): AuthUser,
+) -> (StatusCode, Json<Value>) {
+    let run = calls.run();
+    let body = json!({ "charge": charge_id, "refunded_by": user, "run": run });
+    (StatusCode::CREATED, Json(body))
+}
+
+/// A slow refund, keyed without `{tenant}` or `{user}`.
+#[idempotent(key = "slow-refund:{path:charge_id}:{header:idempotency-key}")]
+async fn slow_refund(
+    State(calls): State<Calls>,
+    Path(charge_id): Path<String>,
+    AuthUser(user): AuthUser,
+) -> (StatusCode, Json<Value>) {
+    let run = calls.run();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let body = json!({ "charge": charge_id, "refunded_by": user, "run": run });
+    (StatusCode::CREATED, Json(body))
+}
+
+/// Keyed by the member an API key stands for, resolved on the app state.
+#[idempotent(key = "grant:{user}:{header:idempotency-key}")]
+async fn grant(State(calls): State<Calls>, Member(member): Member) -> (StatusCode, String) {
+    let run = calls.run();
+    (StatusCode::CREATED, format!("grant {run} to {member}"))
+}
+
+/// `{user}` in the key: the handle must have a user resolver.
+#[idempotent(key = "profile:{user}:{header:idempotency-key}")]
+async fn update_profile(State(calls): State<Calls>) -> StatusCode {
+    calls.run();
+    StatusCode::NO_CONTENT
+}
+
 /// Not idempotent: a plain handler next to the annotated ones.
 async fn count(State(calls): State<Calls>) -> String {
     format!("run {}", calls.run())
@@ -227,6 +330,15 @@ fn app(state: AppState) -> Router {
         .route("/search", post(search))
         .route("/transfers", post(transfer))
         .route("/ledger", post(ledger_entry))
+        .route("/place", post(place_order))
+        .route("/charges/{charge_id}/refunds", post(refund_charge))
+        .route(
+            "/shared/charges/{charge_id}/refunds",
+            post(refund_charge_shared),
+        )
+        .route("/slow/charges/{charge_id}/refunds", post(slow_refund))
+        .route("/grants", post(grant))
+        .route("/profile", post(update_profile))
         .merge(payments::routes())
         .with_state(state)
 }
@@ -654,4 +766,319 @@ async fn transactional_handler_on_a_store_without_transactions_refuses_to_run() 
         assert_eq!(reply.json()["type"], "urn:idem:problem:transaction-missing");
     }
     assert_eq!(state.calls.get(), 0, "never run without its transaction");
+}
+
+/// `/place` with this key, body and content type.
+fn place(key: &str, content_type: &str, body: &str) -> Request<Body> {
+    request("/place")
+        .header("idempotency-key", key)
+        .header(header::CONTENT_TYPE, content_type)
+        .body(Body::from(body.to_owned()))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_content_type_is_415_and_the_corrected_request_runs_with_the_same_key() {
+    let state = state();
+    let app = app(state.clone());
+    let body = r#"{"sku":"A-1"}"#;
+
+    let refused = send(&app, place("k-1", "text/plain", body)).await;
+    assert_eq!(refused.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert!(!refused.replayed());
+    // Not kept: the same mistake again is refused again, not replayed.
+    let again = send(&app, place("k-1", "text/plain", body)).await;
+    assert_eq!(again.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert!(!again.replayed());
+    assert_eq!(state.calls.get(), 0);
+
+    let corrected = send(&app, place("k-1", "application/json", body)).await;
+    assert_eq!(corrected.status, StatusCode::CREATED);
+    assert!(!corrected.replayed());
+    assert_eq!(
+        corrected.json(),
+        json!({ "order": { "sku": "A-1" }, "run": 1 })
+    );
+    let duplicate = send(&app, place("k-1", "application/json", body)).await;
+    assert!(duplicate.replayed());
+    assert_eq!(duplicate.body, corrected.body);
+    assert_eq!(state.calls.get(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_json_body_is_refused_and_the_fixed_one_runs_with_the_same_key() {
+    let state = state();
+    let app = app(state.clone());
+
+    let malformed = send(&app, place("k-1", "application/json", r#"{"sku":"#)).await;
+    assert!(
+        [StatusCode::BAD_REQUEST, StatusCode::UNPROCESSABLE_ENTITY].contains(&malformed.status),
+        "{}",
+        malformed.status
+    );
+    assert!(!malformed.replayed());
+    assert_eq!(state.calls.get(), 0);
+
+    let fixed = send(&app, place("k-1", "application/json", r#"{"sku":"A-1"}"#)).await;
+    assert_eq!(fixed.status, StatusCode::CREATED);
+    assert!(!fixed.replayed());
+    assert!(
+        send(&app, place("k-1", "application/json", r#"{"sku":"A-1"}"#))
+            .await
+            .replayed()
+    );
+    assert_eq!(state.calls.get(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_401_from_an_auth_extractor_is_not_kept_and_the_signed_in_retry_runs_once() {
+    let state = state();
+    let app = app(state.clone());
+    let anonymous = || {
+        let mut request = order("k-1", json!({ "sku": "A-1" }));
+        request.headers_mut().remove(header::AUTHORIZATION);
+        request
+    };
+
+    for _ in 0..2 {
+        let refused = send(&app, anonymous()).await;
+        assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+        assert!(!refused.replayed());
+    }
+    assert_eq!(state.calls.get(), 0);
+
+    let signed_in = send(&app, order("k-1", json!({ "sku": "A-1" }))).await;
+    assert_eq!(signed_in.status, StatusCode::CREATED);
+    assert!(!signed_in.replayed());
+    let duplicate = send(&app, order("k-1", json!({ "sku": "A-1" }))).await;
+    assert!(duplicate.replayed());
+    assert_eq!(duplicate.body, signed_in.body);
+    assert_eq!(state.calls.get(), 1);
+}
+
+/// A handle whose tenant is a header and whose user is the bearer token,
+/// through the same extractor the handlers authenticate with.
+fn caller_scoped_state() -> AppState {
+    state_with(
+        Idempotency::builder(MemoryStore::new())
+            .tenant(Resolver::header("x-tenant-id"))
+            .user(Resolver::from_extractor(|AuthUser(user): AuthUser| user))
+            .build(),
+    )
+}
+
+/// A refund of charge `ch-1` with key `r-1`, by this tenant and user.
+fn refund(uri: &str, tenant: &str, user: &str) -> Request<Body> {
+    request(uri)
+        .header("idempotency-key", "r-1")
+        .header("x-tenant-id", tenant)
+        .header(header::AUTHORIZATION, format!("Bearer {user}"))
+        .body(Body::empty())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_with_the_same_key_each_get_their_own_response() {
+    let state = caller_scoped_state();
+    let app = app(state.clone());
+    let uri = "/charges/ch-1/refunds";
+
+    let alice = send(&app, refund(uri, "acme", "alice")).await;
+    let bob = send(&app, refund(uri, "globex", "bob")).await;
+    // The same tenant, another user: still another caller.
+    let carol = send(&app, refund(uri, "acme", "carol")).await;
+    for (reply, user) in [(&alice, "alice"), (&bob, "bob"), (&carol, "carol")] {
+        assert_eq!(reply.status, StatusCode::CREATED);
+        assert!(!reply.replayed(), "{user} got another caller's response");
+        assert_eq!(reply.json()["refunded_by"], user);
+    }
+    assert_eq!(state.calls.get(), 3);
+
+    // Each caller's duplicate replays their own.
+    let alice_again = send(&app, refund(uri, "acme", "alice")).await;
+    assert!(alice_again.replayed());
+    assert_eq!(alice_again.body, alice.body);
+    let bob_again = send(&app, refund(uri, "globex", "bob")).await;
+    assert!(bob_again.replayed());
+    assert_eq!(bob_again.body, bob.body);
+    assert_eq!(state.calls.get(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_callers_request_in_flight_does_not_hold_up_another_callers_same_key() {
+    let state = caller_scoped_state();
+    let app = app(state.clone());
+    let uri = "/slow/charges/ch-1/refunds";
+    let spawn = |request: Request<Body>| {
+        let app = app.clone();
+        tokio::spawn(async move { send(&app, request).await })
+    };
+
+    let alice = spawn(refund(uri, "acme", "alice"));
+    while state.calls.get() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Alice's request is running; Bob's, with the same key, is not hers.
+    let bob = spawn(refund(uri, "globex", "bob"));
+    let alice_duplicate = spawn(refund(uri, "acme", "alice"));
+    let (alice, bob, alice_duplicate) = (
+        alice.await.unwrap(),
+        bob.await.unwrap(),
+        alice_duplicate.await.unwrap(),
+    );
+    assert_eq!(alice.status, StatusCode::CREATED);
+    assert_eq!(bob.status, StatusCode::CREATED);
+    assert!(!bob.replayed());
+    assert_eq!(bob.json()["refunded_by"], "bob");
+    assert_eq!(alice_duplicate.status, StatusCode::CONFLICT);
+    assert_eq!(state.calls.get(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_across_callers_replays_one_callers_response_to_another() {
+    let state = caller_scoped_state();
+    let app = app(state.clone());
+    let uri = "/shared/charges/ch-1/refunds";
+
+    let alice = send(&app, refund(uri, "acme", "alice")).await;
+    assert_eq!(alice.status, StatusCode::CREATED);
+    assert!(!alice.replayed());
+    let bob = send(&app, refund(uri, "globex", "bob")).await;
+    assert!(bob.replayed());
+    assert_eq!(bob.json()["refunded_by"], "alice");
+    assert_eq!(state.calls.get(), 1);
+}
+
+/// A handle whose user is the member an API key stands for: a resolver
+/// that extracts on the app state.
+fn member_state() -> AppState {
+    let mut state = state_with(
+        Idempotency::builder(MemoryStore::new())
+            .user(Resolver::from_extractor_with_state::<AppState, Member, _>(
+                |Member(member)| member,
+            ))
+            .build(),
+    );
+    state.directory = Directory(Arc::new(HashMap::from([
+        ("key-ann".to_owned(), "ann".to_owned()),
+        ("key-ben".to_owned(), "ben".to_owned()),
+    ])));
+    state
+}
+
+fn grant_request(api_key: Option<&str>) -> Request<Body> {
+    let mut request = request("/grants").header("idempotency-key", "g-1");
+    if let Some(api_key) = api_key {
+        request = request.header("x-api-key", api_key);
+    }
+    request.body(Body::empty()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resolver_extracting_on_the_app_state_keys_each_member() {
+    let state = member_state();
+    let app = app(state.clone());
+
+    let ann = send(&app, grant_request(Some("key-ann"))).await;
+    assert_eq!(ann.status, StatusCode::CREATED);
+    assert_eq!(ann.text(), "grant 1 to ann");
+    let again = send(&app, grant_request(Some("key-ann"))).await;
+    assert!(again.replayed());
+    assert_eq!(again.text(), "grant 1 to ann");
+    // `{user}` is the member: the same key is another record for ben.
+    let ben = send(&app, grant_request(Some("key-ben"))).await;
+    assert!(!ben.replayed());
+    assert_eq!(ben.text(), "grant 2 to ben");
+    assert_eq!(state.calls.get(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resolver_rejection_is_answered_as_is_and_claims_nothing() {
+    let state = member_state();
+    let app = app(state.clone());
+
+    let missing = send(&app, grant_request(None)).await;
+    assert_eq!(missing.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(missing.text(), "no api key");
+    let unknown = send(&app, grant_request(Some("key-eve"))).await;
+    assert_eq!(unknown.status, StatusCode::FORBIDDEN);
+    assert_eq!(unknown.text(), "unknown api key");
+    assert!(!unknown.replayed());
+    assert_eq!(state.calls.get(), 0);
+
+    let granted = send(&app, grant_request(Some("key-ann"))).await;
+    assert_eq!(granted.status, StatusCode::CREATED);
+    assert!(!granted.replayed());
+    assert_eq!(granted.text(), "grant 1 to ann");
+    assert_eq!(state.calls.get(), 1);
+}
+
+#[tokio::test]
+async fn a_user_placeholder_without_a_user_resolver_is_a_500_and_runs_nothing() {
+    let state = state();
+    let app = app(state.clone());
+
+    for _ in 0..2 {
+        let reply = send(&app, keyed("/profile", "p-1")).await;
+        assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(
+            reply.headers[header::CONTENT_TYPE],
+            "application/problem+json"
+        );
+        assert_eq!(reply.json()["type"], "urn:idem:problem:misconfigured");
+        assert!(reply.json()["detail"].to_string().contains("{user}"));
+    }
+    assert_eq!(state.calls.get(), 0, "never run without its key");
+}
+
+#[tokio::test]
+async fn the_handler_is_still_callable_as_the_function() {
+    let calls = Calls::default();
+
+    // No router, no handle, no key: the function alone.
+    let (status, headers, Json(body)) = create_order(
+        State(calls.clone()),
+        AuthUser("u-7".to_owned()),
+        Json(json!({ "sku": "A-1" })),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(headers[header::LOCATION], "/orders/1");
+    assert_eq!(
+        body,
+        json!({ "order_id": 1, "user": "u-7", "order": { "sku": "A-1" } })
+    );
+    // Each call runs it: nothing is deduplicated outside the router.
+    let (_, _, Json(second)) = create_order(
+        State(calls.clone()),
+        AuthUser("u-7".to_owned()),
+        Json(json!({ "sku": "A-1" })),
+    )
+    .await;
+    assert_eq!(second["order_id"], 2);
+
+    let state = state();
+    let failed = {
+        state.fail_next.0.store(true, Ordering::SeqCst);
+        charge(State(state.calls.clone()), State(state.fail_next.clone())).await
+    };
+    assert!(matches!(failed, Err(AppError("the bank is down"))));
+    assert_eq!(
+        charge(State(state.calls.clone()), State(state.fail_next.clone()))
+            .await
+            .ok(),
+        Some((StatusCode::CREATED, "charge 2".to_owned()))
+    );
+
+    // A function returning `impl IntoResponse` gives its response.
+    let response = search(State(calls.clone()), Query(HashMap::new())).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(calls.get(), 3);
+
+    // One without arguments.
+    #[idempotent(key = "noop:{header:idempotency-key}")]
+    async fn noop() -> StatusCode {
+        StatusCode::NO_CONTENT
+    }
+    assert_eq!(noop().await, StatusCode::NO_CONTENT);
 }

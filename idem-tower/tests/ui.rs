@@ -8,4 +8,9 @@ fn ui() {
     let cases = trybuild::TestCases::new();
     cases.pass("tests/ui/pass/*.rs");
     cases.compile_fail("tests/ui/fail/*.rs");
+    // `Tx` exists with a SQL store's feature.
+    if cfg!(feature = "sqlite") {
+        cases.pass("tests/ui/sqlite/pass/*.rs");
+        cases.compile_fail("tests/ui/sqlite/fail/*.rs");
+    }
 }
