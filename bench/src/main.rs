@@ -16,6 +16,7 @@ mod cpu;
 mod load;
 mod report;
 mod stats;
+mod storm;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -99,8 +100,20 @@ struct Args {
     /// report the median round of each.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     rounds: u32,
+    /// Pool sizes of the storm (transactional PostgreSQL): one storm each.
+    #[arg(long, value_delimiter = ',', default_value = "4,64")]
+    storm_pools: Vec<u32>,
+    /// Duplicates of one key in the storm, beside the first request.
+    #[arg(long, default_value_t = 80)]
+    storm_duplicates: usize,
+    /// Distinct keys sent with the storm's duplicates.
+    #[arg(long, default_value_t = 8)]
+    storm_keys: usize,
+    /// How long the storm's handler runs (inside its transaction).
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    storm_handler: Duration,
     /// Run only these scenarios (comma-separated): bare, bare-redis,
-    /// memory, sqlite, postgres, tiered, peer, burst.
+    /// memory, sqlite, postgres, tiered, peer, burst, storm.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Measure only these modes of the idem and peer scenarios
@@ -198,7 +211,7 @@ async fn run(args: Args, server_rt: Handle, cpus: usize) -> i32 {
 
     // PostgreSQL: a database of our own, its records table emptied.
     let pg_url = format!("{}/{}", args.postgres, args.pg_database);
-    let pg = if args.wants("postgres") || args.wants("tiered") {
+    let pg = if args.wants("postgres") || args.wants("tiered") || args.wants("storm") {
         match prepare_postgres(&args).await {
             Ok(stats) => Some(stats),
             Err(err) => {
@@ -302,12 +315,46 @@ async fn run(args: Args, server_rt: Handle, cpus: usize) -> i32 {
             }
         }
     }
+    let mut storms = Vec::new();
+    if ctx.args.wants("storm") && ctx.pg.is_some() {
+        for &pool in &ctx.args.storm_pools {
+            let shape = storm::Shape {
+                pool,
+                duplicates: ctx.args.storm_duplicates,
+                keys: ctx.args.storm_keys,
+                handler: ctx.args.storm_handler,
+            };
+            say(&format!("storm: {shape:?}"));
+            match storm::run(&ctx.server_rt, &ctx.pg_url, &ctx.nonce, shape).await {
+                Ok(rows) => {
+                    if rows
+                        .iter()
+                        .any(|r| r.errors > 0 || r.runs != r.expected_runs)
+                    {
+                        failed = true;
+                        notes.push(format!(
+                            "storm on a pool of {pool}: errors or wrong run count"
+                        ));
+                    }
+                    storms.extend(rows);
+                }
+                Err(err) => {
+                    failed = true;
+                    notes.push(format!("storm on a pool of {pool} failed: {err}"));
+                }
+            }
+        }
+    }
     let _ = std::fs::remove_dir_all(&sqlite_dir);
     drop(private_redis);
 
     let machine = report::Machine::read(cpus, &ctx.args, before_run.machine_busy);
     let mut out = std::io::stdout().lock();
     let _ = report::write(&mut out, &machine, &rows, &bursts, &notes);
+    if !storms.is_empty() {
+        let _ = writeln!(out);
+        let _ = storm::write(&mut out, &storms);
+    }
     let _ = out.flush();
     i32::from(failed)
 }

@@ -1,13 +1,15 @@
 //! kill -9 during a transactional `POST /orders`: the orders process dies
-//! while its handler sits between its business writes and its answer. After
-//! a restart there is no partial effect (no order, no debit), and a retry
-//! with the same key runs exactly once.
+//! while its handler sits between its business writes and its answer. While
+//! it lives, a duplicate gets 409. After a restart there is no partial
+//! effect (no order, no debit), and a retry with the same key runs at once
+//! (the database rolled the claim back with the dead session: no lease to
+//! wait out, behind the Redis gate too) and exactly once.
 
 mod support;
 
 use std::time::{Duration, Instant};
 
-use idem_tower::core::conformance::{mysql_url, postgres_url, server_missing};
+use idem_tower::core::conformance::{mysql_url, postgres_url, redis_url, server_missing};
 use serde_json::{Value, json};
 use support::Orders;
 
@@ -64,12 +66,12 @@ async fn handler_calls(base: &str) -> u64 {
         .expect("the counter")
 }
 
-async fn kill_mid_handler_then_retry_once(database: &str) {
+async fn kill_mid_handler_then_retry_once(database: &str, redis: Option<&str>) {
     let tenant = format!(
         "crash-{:x}",
         std::process::id() as u64 * 1_000_003 + rand_suffix()
     );
-    let first = Orders::start(database, None);
+    let first = Orders::start(database, redis);
     let base = first.base.clone();
     let doomed = tokio::spawn({
         let (base, tenant) = (base.clone(), tenant.clone());
@@ -82,20 +84,22 @@ async fn kill_mid_handler_then_retry_once(database: &str) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
+    let live = order(&base, &tenant, None).send().await.unwrap();
+    assert_eq!(live.status(), 409, "a live first request keeps its key");
     first.kill_9();
     assert!(
         doomed.await.unwrap().is_err(),
         "the client saw the connection die"
     );
 
-    let second = Orders::start(database, None);
+    let second = Orders::start(database, redis);
     assert_eq!(
         account(&second.base, &tenant).await,
         (0, STARTING_BALANCE),
         "no partial effect survives the crash"
     );
     let retry = order(&second.base, &tenant, None).send().await.unwrap();
-    assert_eq!(retry.status(), 201);
+    assert_eq!(retry.status(), 201, "no 409 while no one owns the key");
     assert!(retry.headers().get("idempotent-replayed").is_none());
     let again = order(&second.base, &tenant, None).send().await.unwrap();
     assert_eq!(again.status(), 201);
@@ -123,14 +127,14 @@ async fn reachable(what: &str, url: &str, addr: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_crash_mid_handler_leaves_no_partial_effect() {
     let path = std::env::temp_dir().join(format!("idem-crash-{:x}.db", rand_suffix()));
-    kill_mid_handler_then_retry_once(&format!("sqlite://{}", path.display())).await;
+    kill_mid_handler_then_retry_once(&format!("sqlite://{}", path.display()), None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_crash_mid_handler_leaves_no_partial_effect() {
     let url = postgres_url();
     if reachable("PostgreSQL", &url, "127.0.0.1:5432").await {
-        kill_mid_handler_then_retry_once(&url).await;
+        kill_mid_handler_then_retry_once(&url, None).await;
     }
 }
 
@@ -138,6 +142,28 @@ async fn postgres_crash_mid_handler_leaves_no_partial_effect() {
 async fn mysql_crash_mid_handler_leaves_no_partial_effect() {
     let url = mysql_url();
     if reachable("MySQL/MariaDB", &url, "127.0.0.1:3306").await {
-        kill_mid_handler_then_retry_once(&url).await;
+        kill_mid_handler_then_retry_once(&url, None).await;
+    }
+}
+
+/// Behind the Redis gate, the dead request's in-flight record outlives it
+/// in Redis for its whole lease; the retry must not wait that out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_crash_behind_the_redis_gate_frees_the_key_at_once() {
+    let (url, redis) = (postgres_url(), redis_url());
+    if reachable("PostgreSQL", &url, "127.0.0.1:5432").await
+        && reachable("Redis", &redis, "127.0.0.1:6379").await
+    {
+        kill_mid_handler_then_retry_once(&url, Some(&redis)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_crash_behind_the_redis_gate_frees_the_key_at_once() {
+    let (url, redis) = (mysql_url(), redis_url());
+    if reachable("MySQL/MariaDB", &url, "127.0.0.1:3306").await
+        && reachable("Redis", &redis, "127.0.0.1:6379").await
+    {
+        kill_mid_handler_then_retry_once(&url, Some(&redis)).await;
     }
 }

@@ -40,7 +40,11 @@ impl fmt::Display for ErrorKind {
     }
 }
 
-/// An error from an [`IdempotencyStore`](crate::IdempotencyStore).
+/// The one error of idem: from a store operation (an
+/// [`IdempotencyStore`](crate::IdempotencyStore), `migrate`, `purge_expired`)
+/// and from building a route's idempotency (`layer_with_key` and
+/// `transactional` in idem-tower, [`ErrorKind::Config`]), so an app's setup
+/// has one error type to `?` through (`idem_tower::Error` is this type).
 ///
 /// Opaque by design: match on [`Error::kind`], and walk
 /// [`std::error::Error::source`] for the backend's own error.

@@ -324,6 +324,25 @@ impl IdempotencyStore for MemoryStore {
     async fn release(&self, key: &IdempotencyKey, owner: &OwnerToken) -> Result<(), Error> {
         self.transition(key, owner, |_, _| None)
     }
+
+    async fn renew(
+        &self,
+        key: &IdempotencyKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<(), Error> {
+        let key = key.as_str();
+        let mut shard = self.shard(key);
+        let now = Instant::now();
+        let entry = shard
+            .records
+            .get_mut(key)
+            .filter(|entry| entry.holder(now) == Some(owner))
+            .ok_or_else(Error::lease_lost)?;
+        // Same record, same weight: only the expiry moves.
+        entry.expires_at = now + lease;
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -15,8 +15,8 @@ use crate::{Claim, Error, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
 ///
 /// Errors: [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable) when the
 /// backend could not answer (the outcome of the call is then unknown), and
-/// [`ErrorKind::LeaseLost`](crate::ErrorKind::LeaseLost) from `complete` or
-/// `release` when the caller no longer owns the record.
+/// [`ErrorKind::LeaseLost`](crate::ErrorKind::LeaseLost) from `complete`,
+/// `release` or `renew` when the caller no longer owns the record.
 ///
 /// ```
 /// use std::time::Duration;
@@ -32,7 +32,8 @@ use crate::{Claim, Error, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
 /// let Claim::Acquired(owner) = store.claim(&key, &fp, Duration::from_secs(30), owner).await? else {
 ///     panic!("a fresh key is free");
 /// };
-/// // ... run the handler ...
+/// // ... run the handler, renewing the lease while it runs ...
+/// store.renew(&key, &owner, Duration::from_secs(30)).await?;
 /// store.complete(&key, &owner, &Outcome::NotReplayable, Duration::from_secs(86_400)).await?;
 /// let again = store.claim(&key, &fp, Duration::from_secs(30), OwnerToken::generate()).await?;
 /// assert_eq!(again, Claim::Replay(Outcome::NotReplayable));
@@ -77,6 +78,25 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         owner: &OwnerToken,
     ) -> impl Future<Output = Result<(), Error>> + Send;
 
+    /// Renews the lease of `key`'s in-flight claim: its lease becomes `lease`
+    /// from now, by the store's clock, if `owner` still holds it in flight
+    /// and its lease has not run out; otherwise fails with `LeaseLost` and
+    /// changes nothing (the record was taken over after its lease ended,
+    /// completed, released, or has expired and may be taken over at any
+    /// moment).
+    ///
+    /// The idempotency layer calls it while the handler of a plain
+    /// (non-transactional) claim runs, every third of the lease, so that a
+    /// short lease suffices for a long handler and a claim whose process
+    /// died frees within about one lease. `lease` replaces the time left,
+    /// whatever it was: it may also shorten it.
+    fn renew(
+        &self,
+        key: &IdempotencyKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
     /// This store's transactional mode, if it has one (the SQL stores do):
     /// see [`transaction`](crate::transaction).
     fn transactional(&self) -> Option<&dyn TransactionalStore> {
@@ -111,6 +131,15 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
         owner: &OwnerToken,
     ) -> impl Future<Output = Result<(), Error>> + Send {
         (**self).release(key, owner)
+    }
+
+    fn renew(
+        &self,
+        key: &IdempotencyKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> impl Future<Output = Result<(), Error>> + Send {
+        (**self).renew(key, owner, lease)
     }
 
     fn transactional(&self) -> Option<&dyn TransactionalStore> {

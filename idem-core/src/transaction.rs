@@ -25,12 +25,13 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub trait TransactionalStore: Send + Sync + 'static {
     /// Begins a transaction and claims `key` in it.
     ///
-    /// If another transaction holds the key's row uncommitted, this waits for
-    /// it up to the store's lock timeout, then answers
-    /// [`Claim::InFlight`]; once it has committed, this answers as
+    /// If another open transaction holds the key, this answers
+    /// [`Claim::InFlight`] without waiting for it (and without keeping a
+    /// connection); once it has committed, this answers as
     /// [`IdempotencyStore::claim`](crate::IdempotencyStore::claim) would.
-    /// Any answer but [`TransactionalClaim::Acquired`] leaves no transaction
-    /// open.
+    /// A transaction that ended without committing (rolled back, or its
+    /// process gone) holds nothing: the key is free. Any answer but
+    /// [`TransactionalClaim::Acquired`] leaves no transaction open.
     fn claim_in_transaction<'a>(
         &'a self,
         key: &'a IdempotencyKey,

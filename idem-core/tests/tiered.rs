@@ -192,3 +192,70 @@ async fn a_redis_outage_degrades_to_sql_and_recovers_without_a_restart() {
         1
     );
 }
+
+/// A transactional claim the gate holds in flight lives as long as its SQL
+/// transaction: while that is open, duplicates (here from another process,
+/// with stores of their own) are told "in flight"; once it ended without
+/// committing, as when its process is killed, the gate's orphaned record
+/// does not block the retry: the truth finds the key free and it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_orphaned_gate_claim_does_not_block_the_transactional_retry() {
+    use idem_core::transaction::{TransactionalClaim, TransactionalStore};
+
+    let Some(store) = tiered().await else { return };
+    let Some(elsewhere) = tiered().await else {
+        return;
+    };
+    let key = key("tx-orphan");
+    let claim = |store: &Tiered| {
+        let (store, key) = (store.clone(), key.clone());
+        async move {
+            store
+                .claim_in_transaction(&key, &FP, LONG, OwnerToken::generate())
+                .await
+                .expect("the stores answer")
+        }
+    };
+
+    let first = claim(&store).await;
+    assert!(
+        matches!(first, TransactionalClaim::Acquired(_)),
+        "{first:?}"
+    );
+    let live = claim(&elsewhere).await;
+    assert!(
+        matches!(live, TransactionalClaim::Answered(Claim::InFlight { .. })),
+        "a live first request keeps its key: {live:?}"
+    );
+
+    // A first request whose process died: PostgreSQL rolled its transaction
+    // back with its session, and the gate still holds its in-flight record
+    // for the rest of the lease (planted here as the dead process left it).
+    let TransactionalClaim::Acquired(tx) = first else {
+        unreachable!()
+    };
+    tx.rollback().await.expect("rollback");
+    let orphan = gate(&redis_url()).await.expect("Redis is up");
+    let dead_owner = OwnerToken::generate();
+    assert_eq!(
+        orphan.claim(&key, &FP, LONG, dead_owner).await.unwrap(),
+        Claim::Acquired(dead_owner)
+    );
+    let before = elsewhere.counters().snapshot();
+    let TransactionalClaim::Acquired(retry) = claim(&elsewhere).await else {
+        panic!("the retry must run at once, not after the gate's 60 s lease");
+    };
+    assert_eq!(
+        elsewhere.counters().snapshot().orphans_freed - before.orphans_freed,
+        1
+    );
+    retry
+        .commit(&Outcome::NotReplayable, LONG)
+        .await
+        .expect("commit");
+    let replay = claim(&store).await;
+    assert!(
+        matches!(replay, TransactionalClaim::Answered(Claim::Replay(_))),
+        "{replay:?}"
+    );
+}

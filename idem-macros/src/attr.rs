@@ -169,16 +169,6 @@ impl RawArgs {
             other => other.map(|(fingerprint, _)| fingerprint),
         };
         let transactional = self.transactional.unwrap_or(false);
-        if let Some((InFlight::Wait(_), span)) = &self.in_flight
-            && transactional
-        {
-            return Err(syn::Error::new(
-                *span,
-                "a transactional handler cannot wait for in-flight duplicates: a waiting \
-                 duplicate would hold a database connection for as long as the first request \
-                 runs. Write in_flight = \"reject\" instead (409 with Retry-After)",
-            ));
-        }
         Ok(Args {
             key,
             ttl: self.ttl,
@@ -533,10 +523,6 @@ mod tests {
             (
                 quote!(key = "a:{path:id}", shared_across_callers = "yes"),
                 "`shared_across_callers` takes `true` or `false`",
-            ),
-            (
-                quote!(key = "a:{path:id}", transactional, in_flight = "wait(5s)"),
-                "cannot wait for in-flight duplicates",
             ),
             (quote!(ttl = "1h"), "missing `key`"),
         ] {

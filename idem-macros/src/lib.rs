@@ -32,30 +32,34 @@ use proc_macro::TokenStream;
 /// - `ttl = "24h"`: how long a completed response is replayed
 ///   (`IdempotencyLayer::retention`); the handle's retention (24 h) if unset.
 /// - `lease = "30s"`: how long a first attempt holds its key before a
-///   duplicate may take it over (`IdempotencyLayer::lease`); set it above
-///   the handler's time budget. The handle's lease (60 s) if unset.
+///   duplicate may take it over (`IdempotencyLayer::lease`). The layer
+///   renews it while the function runs, so it bounds how long a crashed
+///   process keeps its key, not how long the function may take. In
+///   transactional mode the claim lives as long as its transaction instead.
+///   The handle's lease (10 s) if unset.
 /// - `required = false`: let requests without their key through, not
 ///   deduplicated; a partly present or malformed key is still a 400.
 ///   Default `true`: a request without its key is a 400.
 /// - `in_flight = "reject"` or `in_flight = "wait(5s)"`: what a duplicate
 ///   gets while the first request runs: 409 with `Retry-After` at once, or
-///   wait up to that long and replay the first's response. The handle's
+///   wait up to that long and replay the first's response (waiting holds
+///   no database connection, in transactional mode too). The handle's
 ///   policy (reject) if unset.
 /// - `fingerprint = "body"` (the default), `"none"` or a list of JSON
 ///   pointers such as `["/amount", "/currency"]`: what must match for a
 ///   duplicate to be replayed rather than answered 422. `"body"` covers
-///   method, route, query and the whole body (JSON canonicalised); `"none"`
-///   covers method and route only; a list covers method, route, query and
+///   method, route, path parameters, query and the whole body (JSON
+///   canonicalised); `"none"` covers method, route and path parameters
+///   only; a list covers method, route, path parameters, query and
 ///   just those body fields, for bodies with volatile fields such as a
 ///   client timestamp.
 /// - `transactional`: transactional mode
 ///   (`IdempotencyLayer::transactional`): the claim, the handler's writes
 ///   through a `Tx<DB>` extractor and the stored response commit in one
-///   database transaction, or none of them does. It does not go with
-///   `in_flight = "wait(..)"`: a waiting duplicate would hold a database
-///   connection for as long as the first request runs. The handle's store must be a SQL store; on any other, requests to the
-///   handler get a 500 `transaction-missing` problem (and an error log)
-///   rather than running without the guarantee.
+///   database transaction, or none of them does. The handle's store must
+///   be a SQL store; on any other, requests to the handler get a 500
+///   `urn:idem:problem:misconfigured` problem (and an error log) rather than running
+///   without the guarantee.
 /// - `shared_across_callers`: let every caller with the same key share one
 ///   record (`IdempotencyLayer::shared_across_callers`). By default a record
 ///   is bound to the caller who created it: the tenant and user the handle's
@@ -87,8 +91,7 @@ use proc_macro::TokenStream;
 /// that does not parse, a template with a syntax error, an unknown
 /// placeholder or no per-request placeholder (a constant key such as
 /// `"idempotent:pay"` would make every user share one key), `{body:...}` in
-/// the key with `fingerprint = "none"`, `in_flight = "wait(..)"` with
-/// `transactional`; a function that is not `async`, is generic, or is a
+/// the key with `fingerprint = "none"`; a function that is not `async`, is generic, or is a
 /// method taking `self`; an extractor that reads the request body (`Json`,
 /// `Form`, `String`, `Bytes`, `Request`, `Multipart`, ...) anywhere but last,
 /// or two of them; a `Tx` argument on a handler without `transactional`; and

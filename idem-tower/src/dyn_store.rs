@@ -34,6 +34,13 @@ pub(crate) trait DynStore: Send + Sync + 'static {
         owner: &'a OwnerToken,
     ) -> BoxFuture<'a, Result<(), Error>>;
 
+    fn renew<'a>(
+        &'a self,
+        key: &'a IdempotencyKey,
+        owner: &'a OwnerToken,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<(), Error>>;
+
     fn transactional(&self) -> Option<&dyn TransactionalStore>;
 }
 
@@ -72,6 +79,15 @@ impl<S: IdempotencyStore> DynStore for S {
         owner: &'a OwnerToken,
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(IdempotencyStore::release(self, key, owner))
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: &'a IdempotencyKey,
+        owner: &'a OwnerToken,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(IdempotencyStore::renew(self, key, owner, lease))
     }
 
     fn transactional(&self) -> Option<&dyn TransactionalStore> {

@@ -12,21 +12,25 @@ use crate::collisions::{Collision, Collisions};
 use crate::dyn_store::DynStore;
 use crate::{IdempotencyLayer, Resolver};
 
-/// The default lease: how long a first attempt may run before a duplicate
-/// may take the key over.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
-/// The default retention of a completed response.
+/// The default lease of a plain (non-transactional) claim: how long its key
+/// stays held after the last renewal. The layer renews it every third of a
+/// lease while the handler runs, so a handler may run longer than this; a
+/// claim whose process died frees within about this long: 10 seconds.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+/// The default retention of a completed response: 24 hours.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
-/// The default cap on a request body, in bytes.
+/// The default cap on a request body: 1 MiB.
 pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
-/// The default cap on a stored response body, in bytes.
+/// The default cap on a stored response body: 256 KiB.
 pub const DEFAULT_MAX_STORED_RESPONSE: usize = 256 * 1024;
 /// The default `Retry-After` of the 409 a duplicate gets while the first
-/// request runs (never more than the first's remaining lease).
+/// request runs: 1 second (never more than the first's remaining lease).
 pub const DEFAULT_IN_FLIGHT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// Response headers replayed by default (besides any added with
-/// [`IdempotencyBuilder::replay_header`]).
+/// [`IdempotencyBuilder::replay_header`]): `Content-Type`,
+/// `Content-Language`, `Content-Location`, `Location`, `ETag`,
+/// `Last-Modified`, `Link` and `Cache-Control`.
 pub const DEFAULT_REPLAY_HEADERS: [HeaderName; 8] = [
     header::CONTENT_TYPE,
     header::CONTENT_LANGUAGE,
@@ -267,8 +271,32 @@ impl IdempotencyBuilder {
         self
     }
 
-    /// How long a first attempt holds its key before a duplicate may take it
-    /// over ([`DEFAULT_LEASE`]). Set it above your handler's time budget.
+    /// How long a first attempt holds its key, from its claim or its last
+    /// renewal, before a duplicate may take it over ([`DEFAULT_LEASE`],
+    /// 10 s).
+    ///
+    /// Without transactional mode the layer renews the lease every third of
+    /// it while the handler runs (one owner-checked write to the store each
+    /// time; see `idem_lease_renewals_total` in [`metrics`](crate#observability)),
+    /// so a handler may run for many leases and keep its key, and a claim
+    /// whose process crashed frees within about one lease: shorter frees a
+    /// crashed claim sooner, and costs more renewals. Set it well above the
+    /// store's worst round trip, so that one slow or failed renewal does not
+    /// lose the key.
+    ///
+    /// A handler can still outlive a lost lease: its renewals all failed for
+    /// a whole lease (the store unreachable), or could not run (the process
+    /// paused, or a handler blocking its thread without `spawn_blocking`,
+    /// which starves its own renewals). Then another attempt with the same
+    /// key may take the key over and run the effect again, and the first
+    /// attempt's completion is refused ([`ErrorKind::LeaseLost`]; its client
+    /// still gets its response, duplicates get the other attempt's). An
+    /// effect that must never run twice belongs in transactional mode
+    /// ([`IdempotencyLayer::transactional`]), whose claim lives exactly as
+    /// long as its transaction, or behind a business-side guard.
+    ///
+    /// In transactional mode the claim is not renewed: it lives exactly as
+    /// long as its transaction.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.config.lease = lease;
         self
@@ -303,7 +331,8 @@ impl IdempotencyBuilder {
     }
 
     /// The prefix of every stored key (`idem:`), so several services can
-    /// share one store.
+    /// share one store. It is used as given: end it with a separator
+    /// (`"billing:"`), or keys read `billing{...}`.
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.config.namespace = namespace.into();
         self

@@ -99,6 +99,17 @@
 //! `idem_tower::core::redis`, `idem_tower::core::tiered`) give the details:
 //! tables, scripts, the circuit breaker.
 //!
+//! # Leases
+//!
+//! Without transactional mode a claim lives by its lease (10 s by default,
+//! [`IdempotencyBuilder::lease`]), which the layer renews every third of a
+//! lease while the handler runs: a handler may run for many leases and keep
+//! its key, and the key of a crashed process frees within about one lease.
+//! A handler that outlives a lost lease (renewals failing for a whole
+//! lease, or starved by a handler blocking its thread) may see a retry take
+//! its key over and run the effect again; its own completion is then
+//! refused. [`IdempotencyBuilder::lease`] says more.
+//!
 //! # Transactional mode
 //!
 //! On a SQL store, [`IdempotencyLayer::transactional`] (or the attribute's
@@ -110,24 +121,29 @@
 //!
 //! - A first request holds one pooled connection for the whole handler,
 //!   and costs exactly one commit.
-//! - On SQL alone, a duplicate that arrives while the first is open takes a
-//!   connection too and waits on the first's row, up to the store's lock
-//!   timeout (5 s), then replays what the first committed or answers 409.
-//!   Size the pool for the first requests you serve at once plus the
-//!   duplicates that overlap them, or put the Redis gate in front: behind
-//!   it a duplicate of an in-flight request is answered 409 by Redis,
-//!   without a connection. `InFlight::Wait` is refused on transactional
-//!   routes for that reason.
-//! - A crash rolls the transaction back, writes and claim together: on SQL
-//!   the key is free at once; behind the Redis gate, retries get 409 until
-//!   the gate's lease ends.
+//! - A duplicate never holds a connection while the first runs: it learns
+//!   "in flight" from memory (same process) or from one non-blocking
+//!   statement (another process), and answers 409, or under
+//!   [`InFlight::Wait`] waits outside the pool and replays once the first
+//!   has committed.
+//! - At most half the pool is held by open claims
+//!   (`SqlStore::max_transactions`); a first request past that waits for
+//!   its turn without a connection, so reads through the pool always find
+//!   one. Size the pool for twice the first requests you want running at
+//!   once.
+//! - A crash rolls the transaction back, writes and claim together, and
+//!   frees the key at once, behind the Redis gate too.
+//! - SQLite has one writer at a time: an open claim holds the write lock for
+//!   its whole handler, and other transactional claims wait for it.
 //!
 //! # Observability
 //!
 //! Requests are counted by outcome and route pattern
-//! (`idem_requests_total{outcome, route}`) and claims timed
-//! (`idem_claim_seconds{route}`) through the [metrics] facade: install
-//! any recorder, such as `metrics-exporter-prometheus`. The keys duplicates
+//! (`idem_requests_total{outcome, route}`), claims timed
+//! (`idem_claim_seconds{route}`) and lease renewals counted
+//! (`idem_lease_renewals_total{result, route}`: `ok`, `failed`, `lost`)
+//! through the [metrics] facade: install any recorder, such as
+//! `metrics-exporter-prometheus`. The keys duplicates
 //! hit most come from [`Idempotency::top_collisions`]. Spans and events go
 //! through `tracing`, with keys as short hashes, never request bodies.
 //!
@@ -210,6 +226,7 @@ pub use idem_core::{
 pub use idem_core::{redis::RedisStore, tiered::TieredStore};
 
 /// The core crate, for store authors and lower-level use.
+#[doc(inline)]
 pub use idem_core as core;
 
 #[cfg(feature = "macros")]

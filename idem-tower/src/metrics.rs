@@ -1,14 +1,16 @@
 //! What the layer reports through the [`metrics`] facade: one counter of
-//! requests by outcome and route, and the claim latency. Labels stay
-//! bounded: the outcome, and the route *pattern* (`/orders/{id}`, as axum
-//! matched it or [`IdempotencyLayer::route`](crate::IdempotencyLayer::route)
-//! named it; `unknown` otherwise), never a path or a key. Which keys collide
-//! is kept apart, in [`Collisions`](crate::collisions::Collisions).
+//! requests by outcome and route, the claim latency, and the renewals of
+//! plain claims' leases. Labels stay bounded: the outcome or result, and the
+//! route *pattern* (`/orders/{id}`, as axum matched it or
+//! [`IdempotencyLayer::route`](crate::IdempotencyLayer::route) named it;
+//! `unknown` otherwise), never a path or a key. Which keys collide is kept
+//! apart, in [`Collisions`](crate::collisions::Collisions).
 //!
 //! | metric | kind | labels |
 //! |---|---|---|
 //! | `idem_requests_total` | counter | `outcome`: `first`, `replayed`, `in_flight`, `mismatch`, `not_replayable`, `missing_key`, `invalid_key`, `body_too_large`, `unkeyed`, `safe_method`, `not_run`, `released`, `misconfigured`, `store_error`; `route` |
 //! | `idem_claim_seconds` | histogram | `route` |
+//! | `idem_lease_renewals_total` | counter | `result`: `ok`, `failed` (a store error or a renewal that timed out; tried again), `lost` (the claim is no longer ours; renewals stop); `route` |
 //!
 //! With no recorder installed these cost next to nothing.
 
@@ -93,4 +95,29 @@ pub(crate) fn request(outcome: RequestOutcome, route: &str) {
 pub(crate) fn claim_latency(elapsed: Duration, route: &str) {
     metrics::histogram!("idem_claim_seconds", "route" => route.to_owned())
         .record(elapsed.as_secs_f64());
+}
+
+/// How one renewal of a plain claim's lease ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Renewal {
+    /// The lease runs a full lease from now.
+    Ok,
+    /// The store failed or did not answer in time: tried again.
+    Failed,
+    /// The claim is no longer ours: renewals stop.
+    Lost,
+}
+
+pub(crate) fn renewal(result: Renewal, route: &str) {
+    let result = match result {
+        Renewal::Ok => "ok",
+        Renewal::Failed => "failed",
+        Renewal::Lost => "lost",
+    };
+    metrics::counter!(
+        "idem_lease_renewals_total",
+        "result" => result,
+        "route" => route.to_owned()
+    )
+    .increment(1);
 }

@@ -226,16 +226,26 @@ where
     let layer = policy.layer(state.idempotency(), build);
     if layer.policy.transactional && layer.idem.config.store.transactional().is_none() {
         tracing::error!(
+            target: "idem_tower",
             route = request.uri().path(),
             "#[idempotent(transactional)] handler on a store without transactions: \
              use PgStore, MySqlStore or SqliteStore"
         );
         return Box::pin(std::future::ready(
-            crate::Problem::TransactionMissing.to_response(),
+            crate::Problem::Misconfigured(
+                "this #[idempotent(transactional)] handler's store has no transactions: \
+                 build the Idempotency handle on PgStore, MySqlStore or SqliteStore"
+                    .to_owned(),
+            )
+            .to_response(),
         ));
     }
     if let Some(why) = layer.idem.missing_resolver(&layer.policy.template) {
-        tracing::error!(route = request.uri().path(), "#[idempotent] handler: {why}");
+        tracing::error!(
+            target: "idem_tower",
+            route = request.uri().path(),
+            "#[idempotent] handler: {why}"
+        );
         return Box::pin(std::future::ready(
             crate::Problem::Misconfigured(why).to_response(),
         ));

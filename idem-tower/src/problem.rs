@@ -32,9 +32,9 @@ pub enum Problem {
     },
     /// 409: the first request completed but its response was too large to keep.
     NotReplayable,
-    /// 500: a handler needs the claim's transaction and there is none: the
-    /// route is not transactional, or its store cannot run transactions (a
-    /// wiring mistake: see `IdempotencyLayer::transactional`).
+    /// 500: a handler takes the claim's transaction (`Tx`) on a route that
+    /// is not transactional (a wiring mistake: see
+    /// `IdempotencyLayer::transactional`).
     TransactionMissing,
     /// 500: the route is wired so that no request can succeed (a key part
     /// only the server can supply is missing, a resolver lacks the state it
@@ -124,8 +124,9 @@ impl Problem {
                     .into()
             }
             Self::TransactionMissing => {
-                "the handler needs the claim's database transaction, and there is \
-                 none: its route is not transactional, or its store has no transactions"
+                "the handler takes the claim's database transaction (Tx), and its route \
+                 is not transactional: add IdempotencyLayer::transactional, or \
+                 #[idempotent(transactional)]"
                     .into()
             }
         }

@@ -11,8 +11,9 @@
 /// it is told to with
 /// [`IdempotencyLayer::require_handler_ran`](crate::IdempotencyLayer::require_handler_ran):
 /// a response that carries `HandlerRan` in its extensions goes through the
-/// outcome policy (stored if final); one that does not is sent as it is and
-/// its key released.
+/// outcome policy (stored if final); an error response that does not is
+/// sent as it is and its key released. (A success without the mark can
+/// only come from a handler that forgot it: it is kept, with a warning.)
 ///
 /// With axum, a handler marks its response by putting `HandlerRan` in the
 /// tuple it returns, after the status if there is one:

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use http::HeaderName;
 use http::request::Parts;
 
-type ResolveFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
+/// `Ok(None)`: the request has no value; `Err`: it has one that cannot be
+/// used (why, for a 400).
+type ResolveFn = dyn Fn(&Parts) -> Result<Option<String>, String> + Send + Sync;
 
 /// A boxed future borrowing the request head.
 pub(crate) type ResolveFuture<'a> =
@@ -24,6 +26,10 @@ pub(crate) enum Unresolved {
     /// The resolver needs router state the route does not carry: a wiring
     /// mistake, answered 500.
     Misconfigured(String),
+    /// The request carries an identity that cannot be used (a header given
+    /// twice, or not visible ASCII): answered 400, never read as no
+    /// identity.
+    Invalid(String),
 }
 
 /// Finds the tenant or the user of a request, for the `{tenant}` and `{user}`
@@ -65,23 +71,36 @@ enum Kind {
 }
 
 impl Resolver {
-    /// The value of a request header. A request that repeats the header has
-    /// no value (ambiguous identity is no identity): a template naming the
-    /// placeholder answers it 400.
+    /// The value of a request header. A request without the header has no
+    /// value: a template naming the placeholder answers it 400, and for the
+    /// caller scope it is a caller without one. A request that gives the
+    /// header twice, or with anything but visible ASCII, is answered 400
+    /// whatever the template says: an ambiguous identity is never read as
+    /// another, nor as none.
     ///
     /// # Panics
     ///
     /// If `name` is not a valid header name; it is a constant in practice.
     pub fn header(name: &str) -> Self {
         let name = HeaderName::from_bytes(name.as_bytes()).expect("a valid header name");
-        Self::sync(format!("header {name}"), move |parts: &Parts| {
-            let mut values = parts.headers.get_all(&name).iter();
-            let value = values.next()?;
-            if values.next().is_some() {
-                return None;
-            }
-            value.to_str().ok().map(str::to_owned)
-        })
+        Self {
+            describe: format!("header {name}").into(),
+            kind: Kind::Sync(Arc::new(move |parts: &Parts| {
+                let mut values = parts.headers.get_all(&name).iter();
+                let Some(value) = values.next() else {
+                    return Ok(None);
+                };
+                if values.next().is_some() {
+                    return Err(format!("the {name} header was given more than once"));
+                }
+                match value.to_str() {
+                    Ok(value) if value.bytes().all(|b| b.is_ascii_graphic()) => {
+                        Ok(Some(value.to_owned()))
+                    }
+                    _ => Err(format!("the {name} header must be visible ASCII")),
+                }
+            })),
+        }
     }
 
     /// A request extension of type `T`, formatted with `Display`: set by an
@@ -104,7 +123,7 @@ impl Resolver {
     ) -> Self {
         Self {
             describe: describe.into(),
-            kind: Kind::Sync(Arc::new(f)),
+            kind: Kind::Sync(Arc::new(move |parts: &Parts| Ok(f(parts)))),
         }
     }
 
@@ -112,7 +131,7 @@ impl Resolver {
     /// only.
     pub(crate) async fn resolve(&self, parts: &mut Parts) -> Result<Option<String>, Unresolved> {
         match &self.kind {
-            Kind::Sync(f) => Ok(f(parts)),
+            Kind::Sync(f) => f(parts).map_err(Unresolved::Invalid),
             Kind::Extract(f) => f(parts).await,
         }
     }
@@ -138,8 +157,14 @@ mod extractor {
         ///
         /// It runs before the key is claimed. When it refuses the request,
         /// the client gets the extractor's own rejection (a 401, say) and
-        /// nothing is claimed. For an extractor that needs the router state,
-        /// use [`Resolver::from_extractor_with_state`].
+        /// nothing is claimed. When the template does not name the
+        /// placeholder and the resolver serves only the caller scope, a
+        /// refusal means a caller without this identity, and the request
+        /// goes on (the handler's own extractor still decides). A handler
+        /// that takes the same extractor runs it a second time: if it does
+        /// expensive work (a session lookup in the database), cache it in
+        /// the request extensions. For an extractor that needs the router
+        /// state, use [`Resolver::from_extractor_with_state`].
         ///
         /// ```
         /// use axum::extract::FromRequestParts;

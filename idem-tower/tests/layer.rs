@@ -947,6 +947,41 @@ async fn records_are_bound_to_the_caller_whatever_the_template_names() {
     assert_eq!(count(&shared_calls), 1);
 }
 
+/// An identity the request gives ambiguously (the tenant header twice) is a
+/// 400, even where the template does not name it: read as "no tenant", two
+/// requests naming different tenants would share one record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_ambiguous_identity_is_refused_never_read_as_none() {
+    let calls = calls();
+    let idem = Idempotency::builder(MemoryStore::new())
+        .tenant(Resolver::header("x-tenant-id"))
+        .build();
+    let service = idem
+        .layer_with_key("refund:{header:idempotency-key}")
+        .expect("a valid template")
+        .layer(whose_order(&calls));
+    for tenants in [["acme", "globex"], ["globex", "acme"]] {
+        let mut request = post("/refunds", Some("k-ambiguous"), ORDER);
+        for tenant in tenants {
+            request
+                .headers_mut()
+                .append("x-tenant-id", HeaderValue::from_static(tenant));
+        }
+        let reply = send(&service, request).await;
+        reply.assert_problem(StatusCode::BAD_REQUEST, "key-invalid");
+        assert!(reply.text().contains("x-tenant-id"), "{reply:?}");
+    }
+    let mut unprintable = post("/refunds", Some("k-ambiguous"), ORDER);
+    unprintable.headers_mut().insert(
+        "x-tenant-id",
+        HeaderValue::from_bytes(b"acme corp").expect("a header value"),
+    );
+    send(&service, unprintable)
+        .await
+        .assert_problem(StatusCode::BAD_REQUEST, "key-invalid");
+    assert_eq!(count(&calls), 0);
+}
+
 /// Many callers racing on one key: each caller's requests run once, and
 /// no caller ever reads another's body.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1247,12 +1282,15 @@ fn a_first_request_settles_in_place_without_a_task() {
 // ---------------------------------------------------------------------------
 // leases
 
+/// A first attempt that cannot renew its lease (here it blocks its thread,
+/// starving its own renewals) loses its key to a retry once the lease ends,
+/// and its late completion is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn expired_lease_is_taken_over_and_the_stale_completion_is_rejected() {
     let calls = calls();
     let inner = counting(&calls, |n, _| async move {
         if n == 1 {
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            std::thread::sleep(Duration::from_secs(1));
         }
         created(n)
     });
@@ -1395,6 +1433,15 @@ impl IdempotencyStore for UnavailableStore {
     async fn release(&self, _: &IdempotencyKey, _: &OwnerToken) -> Result<(), idem_core::Error> {
         Err(connection_refused())
     }
+
+    async fn renew(
+        &self,
+        _: &IdempotencyKey,
+        _: &OwnerToken,
+        _: Duration,
+    ) -> Result<(), idem_core::Error> {
+        Err(connection_refused())
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1445,6 +1492,15 @@ impl IdempotencyStore for CompleteFails {
         owner: &OwnerToken,
     ) -> Result<(), idem_core::Error> {
         self.0.release(key, owner).await
+    }
+
+    async fn renew(
+        &self,
+        key: &IdempotencyKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<(), idem_core::Error> {
+        self.0.renew(key, owner, lease).await
     }
 }
 
@@ -1744,6 +1800,32 @@ mod behind_axum {
         .await;
         assert!(fixed.replayed(), "{fixed:?}");
         assert_eq!(count(&calls), 0);
+    }
+
+    /// `require_handler_ran` on a handler that forgets to mark its
+    /// responses: its successes are still kept (with a warning), never
+    /// silently left undeduplicated.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn an_unmarked_success_is_kept_as_the_handlers() {
+        let calls = calls();
+        let idem = Idempotency::new(MemoryStore::new());
+        let layer = idem
+            .layer_with_key("order:{header:idempotency-key}")
+            .expect("a valid template")
+            .require_handler_ran();
+        let handler = {
+            let calls = Arc::clone(&calls);
+            move || {
+                let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                async move { (StatusCode::CREATED, format!("order {n}")) }
+            }
+        };
+        let app = Router::new().route("/orders", axum_post(handler).layer(layer));
+        let first = send(&app, post("/orders", Some("k-unmarked"), ORDER)).await;
+        let again = send(&app, post("/orders", Some("k-unmarked"), ORDER)).await;
+        assert_eq!(first.status, StatusCode::CREATED);
+        assert!(again.replayed(), "{again:?}");
+        assert_eq!(count(&calls), 1);
     }
 
     /// The user comes from the extractor the handlers already use; its
@@ -2058,4 +2140,156 @@ mod behind_axum {
             "{second:?}"
         );
     }
+}
+
+// ---------------------------------------------------------------------------
+// lease renewal (plain mode)
+
+/// The lease of the renewal tests: the layer renews it every 100 ms.
+const RENEWED_LEASE: Duration = Duration::from_millis(300);
+
+/// A handler running three leases long keeps its claim: the layer renews
+/// the lease while it runs, so every duplicate, before and after the first
+/// lease would have ended, is told "in flight" (never handed the key), and
+/// once it returns they are replayed its response. One run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_handler_running_three_leases_long_keeps_its_claim() {
+    let calls = calls();
+    let inner = counting(&calls, |n, _| async move {
+        tokio::time::sleep(RENEWED_LEASE * 3).await;
+        created(n)
+    });
+    let idem = Idempotency::builder(MemoryStore::new())
+        .lease(RENEWED_LEASE)
+        .build();
+    let service = idem.layer().layer(inner);
+    let request = || post("/orders", Some("k-renewed"), ORDER);
+
+    let started = Instant::now();
+    let first = tokio::spawn({
+        let service = service.clone();
+        async move { send(&service, request()).await }
+    });
+    wait_for_calls(&calls, 1).await;
+    let mut in_flight_at = Vec::new();
+    while !first.is_finished() {
+        let duplicate = send(&service, request()).await;
+        if first.is_finished() && duplicate.replayed() {
+            break;
+        }
+        duplicate.assert_problem(StatusCode::CONFLICT, "in-flight");
+        in_flight_at.push(started.elapsed());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let first = first.await.expect("the first answers");
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(first.text(), order_body(1));
+    let last = *in_flight_at.last().expect("duplicates while it ran");
+    assert!(
+        last > RENEWED_LEASE * 2,
+        "no duplicate came after two leases: {in_flight_at:?}"
+    );
+    assert!(
+        in_flight_at
+            .iter()
+            .filter(|at| **at > RENEWED_LEASE)
+            .count()
+            >= 5,
+        "too few duplicates after the first lease: {in_flight_at:?}"
+    );
+
+    for _ in 0..3 {
+        let replay = send(&service, request()).await;
+        assert!(replay.replayed(), "{replay:?}");
+        assert_eq!(replay.text(), order_body(1));
+    }
+    assert_eq!(count(&calls), 1, "three leases long, one run");
+}
+
+/// A duplicate that waits (`InFlight::Wait`) for a handler running three
+/// leases long waits it out and replays its response: the renewals keep it
+/// from taking the key over when the first lease would have ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_waiting_duplicate_outwaits_a_handler_three_leases_long_and_replays() {
+    let calls = calls();
+    let inner = counting(&calls, |n, _| async move {
+        tokio::time::sleep(RENEWED_LEASE * 3).await;
+        created(n)
+    });
+    let idem = Idempotency::builder(MemoryStore::new())
+        .lease(RENEWED_LEASE)
+        .in_flight(InFlight::Wait(Duration::from_secs(5)))
+        .build();
+    let service = idem.layer().layer(inner);
+    let request = || post("/orders", Some("k-renewed-wait"), ORDER);
+
+    let first = tokio::spawn({
+        let service = service.clone();
+        async move { send(&service, request()).await }
+    });
+    wait_for_calls(&calls, 1).await;
+    let waited = send(&service, request()).await;
+    let first = first.await.expect("the first answers");
+
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(waited.replayed(), "{waited:?}");
+    assert_eq!(waited.body, first.body);
+    assert_eq!(count(&calls), 1);
+}
+
+/// What a handler that outlives a lost lease risks. One that blocks its
+/// thread (here `std::thread::sleep`, in real life blocking I/O without
+/// `spawn_blocking`) starves its own renewals, which run in the same
+/// future: its lease ends, a duplicate takes the key over and runs the
+/// effect a second time, and the first attempt's completion is refused,
+/// so duplicates replay the second run's response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_handler_that_outlives_a_lost_lease_is_taken_over_and_its_completion_refused() {
+    let calls = calls();
+    let inner = counting(&calls, |n, _| async move {
+        if n == 1 {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        created(n)
+    });
+    let idem = Idempotency::builder(MemoryStore::new())
+        .lease(RENEWED_LEASE)
+        .build();
+    let service = idem.layer().layer(inner);
+    let request = || post("/orders", Some("k-lost-lease"), ORDER);
+
+    let stale = tokio::spawn({
+        let service = service.clone();
+        async move { send(&service, request()).await }
+    });
+    wait_for_calls(&calls, 1).await;
+    tokio::time::sleep(RENEWED_LEASE + Duration::from_millis(200)).await;
+
+    let takeover = send(&service, request()).await;
+    assert_eq!(takeover.status, StatusCode::CREATED, "{takeover:?}");
+    assert!(
+        !takeover.replayed(),
+        "the lease was lost: the duplicate runs"
+    );
+    assert_eq!(takeover.text(), order_body(2));
+
+    let stale = stale.await.expect("no panic");
+    assert_eq!(
+        stale.status,
+        StatusCode::CREATED,
+        "its client still answered"
+    );
+    assert_eq!(stale.text(), order_body(1));
+    let replay = send(&service, request()).await;
+    assert!(replay.replayed(), "{replay:?}");
+    assert_eq!(
+        replay.text(),
+        order_body(2),
+        "the stale completion must not overwrite the new owner's"
+    );
+    assert_eq!(
+        count(&calls),
+        2,
+        "the effect ran twice: the documented risk"
+    );
 }

@@ -763,7 +763,8 @@ async fn transactional_handler_on_a_store_without_transactions_refuses_to_run() 
     for _ in 0..2 {
         let reply = send(&app, keyed("/ledger", "l-1")).await;
         assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
-        assert_eq!(reply.json()["type"], "urn:idem:problem:transaction-missing");
+        assert_eq!(reply.json()["type"], "urn:idem:problem:misconfigured");
+        assert!(reply.text().contains("PgStore"), "names the fix");
     }
     assert_eq!(state.calls.get(), 0, "never run without its transaction");
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use idem_examples::orders::{App, install_prometheus, register_tier_counters};
+use idem_tower::IdempotencyBuilder;
 use tracing_subscriber::EnvFilter;
 
 /// Orders and payments, made idempotent with idem.
@@ -25,6 +26,10 @@ struct Args {
     /// Honour the X-Chaos-Delay-Ms and X-Chaos-Fail request headers.
     #[arg(long)]
     chaos: bool,
+    /// The lease of a plain (non-transactional) claim in milliseconds,
+    /// renewed while its handler runs (idem's default, 10 s, if unset).
+    #[arg(long, value_name = "MS")]
+    lease_ms: Option<u64>,
 }
 
 #[tokio::main]
@@ -38,8 +43,13 @@ async fn main() -> Result<(), idem_examples::orders::BoxError> {
     // Before anything records: what `GET /metrics` serves of idem's own
     // metrics comes from this recorder.
     let prometheus = install_prometheus()?;
+    let lease = args.lease_ms.map(Duration::from_millis);
+    let configure = |builder: IdempotencyBuilder| match lease {
+        Some(lease) => builder.lease(lease),
+        None => builder,
+    };
     let mut app =
-        App::connect_tiered(&args.database, args.redis.as_deref(), args.chaos, |b| b).await?;
+        App::connect_tiered(&args.database, args.redis.as_deref(), args.chaos, configure).await?;
     if app.tier.is_some() {
         register_tier_counters();
     }

@@ -42,8 +42,9 @@ pub(crate) async fn create_order_in_memory(
 }
 
 /// `POST /payments/{payment_no}/callback`: the provider re-pushes it until
-/// it gets a 2xx; the payment number is the key.
-#[idempotent(key = "pay-callback:{path:payment_no}")]
+/// it gets a 2xx; the payment number is the key, one record for the payment
+/// whoever (and from wherever) the provider sends it as.
+#[idempotent(key = "pay-callback:{path:payment_no}", shared_across_callers)]
 pub(crate) async fn payment_callback(
     app: State<App>,
     payment_no: Path<String>,

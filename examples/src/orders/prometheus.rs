@@ -1,6 +1,7 @@
 //! The Prometheus recorder behind `GET /metrics`: what the `orders` binary
 //! installs so that idem's metrics (requests by outcome and route, claim
-//! latency, the tiered store's counters) are served next to the app's own.
+//! latency, lease renewals, the tiered store's counters) are served next to
+//! the app's own.
 
 use metrics::Unit;
 use metrics_exporter_prometheus::{
@@ -77,6 +78,10 @@ pub fn install_prometheus() -> Result<PrometheusHandle, BoxError> {
         "idem_claim_seconds",
         Unit::Seconds,
         "Time to claim an idempotency key in the store, by matched route pattern."
+    );
+    metrics::describe_counter!(
+        "idem_lease_renewals_total",
+        "Lease renewals of plain claims while their handlers run, by result (ok, failed, lost) and matched route pattern."
     );
     for (name, help) in TIER_COUNTERS {
         metrics::describe_counter!(*name, *help);

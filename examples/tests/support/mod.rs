@@ -20,11 +20,17 @@ impl Orders {
     /// Starts `orders --chaos` on `database` (and `--redis` if given) on an
     /// ephemeral loopback port, and waits until it says where it listens.
     pub(crate) fn start(database: &str, redis: Option<&str>) -> Self {
+        Self::start_with(database, redis, &[])
+    }
+
+    /// [`Orders::start`], with more arguments (`--lease-ms 1000`).
+    pub(crate) fn start_with(database: &str, redis: Option<&str>, extra: &[&str]) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_orders"));
         command.args(["--listen", "127.0.0.1:0", "--database", database, "--chaos"]);
         if let Some(redis) = redis {
             command.args(["--redis", redis]);
         }
+        command.args(extra);
         let mut child = command
             .env("RUST_LOG", "warn")
             .stderr(Stdio::piped())

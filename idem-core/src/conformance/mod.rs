@@ -303,6 +303,145 @@ pub async fn retention_expiry_frees_the_key<S: IdempotencyStore>(store: Arc<S>) 
     acquire(&*store, &key, &fp(2), LONG).await;
 }
 
+/// How often [`renew_keeps_a_claim_past_its_lease`] renews a [`SHORT`]
+/// lease: a third of it, as the idempotency layer does.
+const RENEW_EVERY: Duration = Duration::from_millis(130);
+
+/// An owner that renews its claim keeps it for as long as it renews, many
+/// times its lease: a duplicate is told it is in flight, never handed the
+/// key. Once the renewals stop, the claim frees within about one lease.
+pub async fn renew_keeps_a_claim_past_its_lease<S: IdempotencyStore>(store: Arc<S>) {
+    let key = fresh_key("renew");
+    let owner = acquire(&*store, &key, &fp(1), SHORT).await;
+    // Three leases and more, renewed every third of one.
+    let until = tokio::time::Instant::now() + PAST_SHORT + SHORT * 2;
+    while tokio::time::Instant::now() < until {
+        tokio::time::sleep(RENEW_EVERY).await;
+        store.renew(&key, &owner, SHORT).await.unwrap();
+    }
+    match store
+        .claim(&key, &fp(1), LONG, OwnerToken::generate())
+        .await
+        .unwrap()
+    {
+        Claim::InFlight { retry_after } => {
+            assert!(retry_after <= SHORT, "{retry_after:?}");
+        }
+        other => panic!("a renewed claim must stay in flight, got {other:?}"),
+    }
+    // The owner still moves its record, and a duplicate replays it.
+    store.renew(&key, &owner, SHORT).await.unwrap();
+    let outcome = response("renewed");
+    store.complete(&key, &owner, &outcome, LONG).await.unwrap();
+    assert_eq!(
+        store
+            .claim(&key, &fp(1), LONG, OwnerToken::generate())
+            .await
+            .unwrap(),
+        Claim::Replay(outcome)
+    );
+
+    // Renewals that stop: the claim frees within about one lease.
+    let key = fresh_key("renew-stop");
+    let owner = acquire(&*store, &key, &fp(1), SHORT).await;
+    tokio::time::sleep(RENEW_EVERY).await;
+    store.renew(&key, &owner, SHORT).await.unwrap();
+    tokio::time::sleep(PAST_SHORT).await;
+    let next = acquire(&*store, &key, &fp(1), LONG).await;
+    assert_ne!(next, owner);
+}
+
+/// A renewal by an owner whose lease ran out is refused, whether or not
+/// the key was taken over meanwhile, and changes nothing: not the new
+/// owner's lease, and not the free key.
+pub async fn stale_owner_cannot_renew<S: IdempotencyStore>(store: Arc<S>) {
+    let key = fresh_key("renew-stale");
+    let stale = acquire(&*store, &key, &fp(1), SHORT).await;
+    tokio::time::sleep(PAST_SHORT).await;
+    // Expired, not yet taken over: a lease that ran out is not revived.
+    let err = store.renew(&key, &stale, LONG).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LeaseLost);
+    let current = acquire(&*store, &key, &fp(1), LONG).await;
+
+    // Taken over: the stale owner's renewal must not touch the new claim
+    // (a 1 ms lease would expire it at once).
+    let err = store
+        .renew(&key, &stale, Duration::from_millis(1))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LeaseLost);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    match store
+        .claim(&key, &fp(1), LONG, OwnerToken::generate())
+        .await
+        .unwrap()
+    {
+        Claim::InFlight { retry_after } => assert!(
+            retry_after > LONG - Duration::from_secs(10),
+            "the new owner's lease was changed: {retry_after:?}"
+        ),
+        other => panic!("the new owner's claim must stay in flight, got {other:?}"),
+    }
+    store.renew(&key, &current, LONG).await.unwrap();
+    store
+        .complete(&key, &current, &response("current"), LONG)
+        .await
+        .unwrap();
+}
+
+/// Renewing a completed, released or absent key, or another owner's claim,
+/// is refused and changes nothing.
+pub async fn renew_of_a_finished_or_foreign_claim_is_lease_lost<S: IdempotencyStore>(
+    store: Arc<S>,
+) {
+    let lost = |result: Result<(), crate::Error>| {
+        assert_eq!(result.unwrap_err().kind(), ErrorKind::LeaseLost);
+    };
+
+    // Completed: still replayed, with its retention.
+    let key = fresh_key("renew-completed");
+    let owner = acquire(&*store, &key, &fp(1), LONG).await;
+    let outcome = response("done");
+    store.complete(&key, &owner, &outcome, LONG).await.unwrap();
+    lost(store.renew(&key, &owner, Duration::from_millis(1)).await);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        store
+            .claim(&key, &fp(1), LONG, OwnerToken::generate())
+            .await
+            .unwrap(),
+        Claim::Replay(outcome)
+    );
+
+    // Released: the key stays free.
+    let key = fresh_key("renew-released");
+    let owner = acquire(&*store, &key, &fp(1), LONG).await;
+    store.release(&key, &owner).await.unwrap();
+    lost(store.renew(&key, &owner, LONG).await);
+    acquire(&*store, &key, &fp(1), LONG).await;
+
+    // Absent.
+    lost(store.renew(&fresh_key("renew-absent"), &owner, LONG).await);
+
+    // Another owner's live claim: its lease is untouched.
+    let key = fresh_key("renew-stranger");
+    let owner = acquire(&*store, &key, &fp(1), LONG).await;
+    lost(
+        store
+            .renew(&key, &OwnerToken::generate(), Duration::from_millis(1))
+            .await,
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(matches!(
+        store
+            .claim(&key, &fp(1), LONG, OwnerToken::generate())
+            .await
+            .unwrap(),
+        Claim::InFlight { .. }
+    ));
+    store.release(&key, &owner).await.unwrap();
+}
+
 /// Keys do not see each other's records.
 pub async fn keys_are_independent<S: IdempotencyStore>(store: Arc<S>) {
     let a = fresh_key("indep");
@@ -338,6 +477,9 @@ macro_rules! store_conformance_tests {
             fingerprint_mismatch,
             retention_expiry_frees_the_key,
             keys_are_independent,
+            renew_keeps_a_claim_past_its_lease,
+            stale_owner_cannot_renew,
+            renew_of_a_finished_or_foreign_claim_is_lease_lost,
         );
     };
     (@cases $make:expr; $($case:ident,)*) => {

@@ -187,37 +187,76 @@ pub async fn dropped_transaction_rolls_back<DB: TestSql>(store: Arc<SqlStore<DB>
     assert_eq!(effects(store.pool(), &nonce).await, 0);
 }
 
-/// A duplicate arriving while the first transaction is open waits for it,
-/// then replays what it committed: one effect.
-pub async fn duplicate_waits_for_the_open_transaction_then_replays<DB: TestSql>(
+/// A duplicate arriving while the first transaction is open is told "in
+/// flight" without waiting for it to end, from this process (answered from
+/// memory) and from another (a store of its own on the same table); once
+/// the first has committed, both replay what it committed: one effect.
+pub async fn duplicate_of_an_open_transaction_is_in_flight_then_replays<DB: TestSql>(
     store: Arc<SqlStore<DB>>,
 ) {
     effects_table(store.pool()).await;
-    let (key, nonce) = fresh_key("tx-wait");
+    let (key, nonce) = fresh_key("tx-dup");
+    let elsewhere = SqlStore::<DB>::with_table(store.pool().clone(), store.table())
+        .expect("the suite's table name");
     let first = claim_and_write(&store, &key, &nonce).await;
-    let duplicate = {
-        let (store, key) = (store.clone(), key.clone());
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let claim = store
-                .claim_in_transaction(&key, &fp(), LONG, OwnerToken::generate())
-                .await
-                .unwrap();
-            (claim, started.elapsed())
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    first.commit(&response(), LONG).await.unwrap();
-    let (claim, waited) = duplicate.await.unwrap();
-    match claim {
-        TransactionalClaim::Answered(Claim::Replay(outcome)) => assert_eq!(outcome, response()),
-        other => panic!("expected a replay after waiting, got {other:?}"),
+    // Both answer while the first is still open: neither waited for it.
+    for (who, store) in [("this process", &*store), ("another process", &elsewhere)] {
+        let claim = store
+            .claim_in_transaction(&key, &fp(), LONG, OwnerToken::generate())
+            .await
+            .unwrap();
+        assert!(
+            matches!(claim, TransactionalClaim::Answered(Claim::InFlight { .. })),
+            "{who}: {claim:?}"
+        );
     }
-    assert!(
-        waited >= Duration::from_millis(250),
-        "it did not wait: {waited:?}"
-    );
+    first.commit(&response(), LONG).await.unwrap();
+    for (who, store) in [("this process", &*store), ("another process", &elsewhere)] {
+        match store
+            .claim_in_transaction(&key, &fp(), LONG, OwnerToken::generate())
+            .await
+            .unwrap()
+        {
+            TransactionalClaim::Answered(Claim::Replay(outcome)) => {
+                assert_eq!(outcome, response(), "{who}");
+            }
+            other => panic!("{who}: expected a replay, got {other:?}"),
+        }
+    }
     assert_eq!(effects(store.pool(), &nonce).await, 1);
+}
+
+/// A claim whose transaction ended without committing (its connection
+/// gone, as when its process is killed) leaves the key free at once, for
+/// another process, with none of its writes.
+pub async fn a_claim_whose_connection_died_frees_its_key_at_once<DB: TestSql>(
+    store: Arc<SqlStore<DB>>,
+) {
+    effects_table(store.pool()).await;
+    let (key, nonce) = fresh_key("tx-died");
+    let first = claim_and_write(&store, &key, &nonce).await;
+    // Dropped unfinished: sqlx rolls it back as the connection goes back
+    // to the pool, on a task of its own, so the key frees a moment later,
+    // with no lease to run out.
+    drop(first);
+    let elsewhere = SqlStore::<DB>::with_table(store.pool().clone(), store.table())
+        .expect("the suite's table name");
+    let deadline = Instant::now() + NO_WAIT;
+    let retry = loop {
+        match elsewhere
+            .claim_in_transaction(&key, &fp(), LONG, OwnerToken::generate())
+            .await
+            .unwrap()
+        {
+            TransactionalClaim::Acquired(retry) => break retry,
+            claim => {
+                assert!(Instant::now() < deadline, "the key stayed held: {claim:?}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    retry.rollback().await.unwrap();
+    assert_eq!(effects(store.pool(), &nonce).await, 0);
 }
 
 /// A duplicate that outwaits the lock timeout is told the key is in flight.
@@ -385,7 +424,8 @@ macro_rules! transactional_conformance_tests {
             commit_keeps_writes_and_outcome,
             rollback_undoes_writes_and_claim,
             dropped_transaction_rolls_back,
-            duplicate_waits_for_the_open_transaction_then_replays,
+            duplicate_of_an_open_transaction_is_in_flight_then_replays,
+            a_claim_whose_connection_died_frees_its_key_at_once,
             duplicate_past_the_lock_timeout_is_in_flight,
             completed_key_answers_without_waiting_on_its_row,
             migrate_twice_and_custom_table,

@@ -5,7 +5,12 @@
 //! InFlight --complete(owner)--> Completed{fingerprint, outcome}   (retention)
 //! InFlight --release(owner)---> (absent)                          (retry allowed)
 //! InFlight --lease expired, claim--> InFlight{new owner}          (takeover)
+//! InFlight --renew(owner)---> InFlight{same owner, lease from now}
 //! ```
+//!
+//! A plain (non-transactional) claim lives by its lease, which its owner
+//! renews while the handler runs: a claim whose process died frees within
+//! about one lease.
 
 mod codec;
 
@@ -17,8 +22,9 @@ pub use codec::DecodeError;
 use crate::{Fingerprint, StoredResponse};
 
 /// The random token that names the current owner of an in-flight record.
-/// Every transition out of `InFlight` compares it, so an attempt whose lease
-/// expired cannot complete or release over its successor.
+/// Every transition out of `InFlight`, and every renewal, compares it, so an
+/// attempt whose lease expired cannot complete, release or renew over its
+/// successor.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct OwnerToken([u8; 16]);
 

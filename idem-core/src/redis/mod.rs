@@ -3,9 +3,10 @@
 //! One key per record, holding [`Record::encode`] with the lease or the
 //! retention as its `PX` expiry, so Redis's own clock expires it. A claim is
 //! one round trip: `SET key value NX PX lease GET` sets the record if the key
-//! is free and otherwise returns what is there. Complete and release are Lua
-//! scripts that compare the owner token inside the stored value, loaded once
-//! and called with `EVALSHA`.
+//! is free and otherwise returns what is there. Complete, release and renew
+//! are Lua scripts that compare the owner token inside the stored value,
+//! loaded once and called with `EVALSHA`; a renewal moves the key's `PX`
+//! expiry.
 //!
 //! Redis keeps records in memory: an eviction, an expiry or a failover loses
 //! them. Use it in front of a SQL store ([`TieredStore`](crate::tiered::TieredStore)),
@@ -40,6 +41,7 @@ use crate::{
 
 static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("complete.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release.lua")));
+static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("renew.lua")));
 
 /// Idempotency records in Redis, on your connection: a
 /// `redis::aio::ConnectionManager` (reconnects by itself, cheap to clone) or
@@ -184,6 +186,26 @@ where
         let done: i64 = RELEASE
             .key(key.as_str())
             .arg(&owner.as_bytes()[..])
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)?;
+        if done == 1 {
+            Ok(())
+        } else {
+            Err(Error::lease_lost())
+        }
+    }
+
+    async fn renew(
+        &self,
+        key: &IdempotencyKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<(), Error> {
+        let done: i64 = RENEW
+            .key(key.as_str())
+            .arg(&owner.as_bytes()[..])
+            .arg(millis(lease))
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(unavailable)?;

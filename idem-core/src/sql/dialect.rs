@@ -18,6 +18,7 @@ pub struct Queries {
     pub(crate) select: Arc<str>,
     pub(crate) complete: Arc<str>,
     pub(crate) release: Arc<str>,
+    pub(crate) renew: Arc<str>,
     pub(crate) purge: Arc<str>,
 }
 
@@ -150,6 +151,17 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
         owner: &OwnerToken,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
+    /// `true` if the row was ours, in flight with a live lease, and now
+    /// expires `lease_ms` from now.
+    #[doc(hidden)]
+    fn renew(
+        conn: &mut Self::Connection,
+        queries: &Queries,
+        key_hash: &[u8; 32],
+        owner: &OwnerToken,
+        lease_ms: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
     /// Deletes up to `batch` expired rows; how many it deleted.
     #[doc(hidden)]
     fn purge(
@@ -158,9 +170,21 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
         batch: i64,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 
-    /// Bounds how long statements in this transaction wait for row locks.
+    /// Opens a transactional claim of `key_hash` in the transaction on
+    /// `conn`, so that a duplicate learns "in flight" without waiting on it:
+    /// `false` if another open transaction holds the key. Also bounds how
+    /// long the claim waits on any other lock.
     #[doc(hidden)]
-    fn set_lock_timeout(
+    fn begin_claim(
+        conn: &mut Self::Connection,
+        key_hash: &[u8; 32],
+        timeout: Duration,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// After the claim statement, on every path: sets how long the
+    /// handler's own statements wait for row locks (`timeout`).
+    #[doc(hidden)]
+    fn end_claim(
         conn: &mut Self::Connection,
         timeout: Duration,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
@@ -174,7 +198,7 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
 /// The methods whose Rust side is the same on every database: the SQL of
 /// each dialect takes the same parameters in the same order (read: key hash;
 /// complete: outcome, retention in ms, key hash, owner; release: key hash,
-/// owner; purge: batch).
+/// owner; renew: lease in ms, key hash, owner; purge: batch).
 macro_rules! shared_statements {
     ($conn:ty) => {
         async fn read(
@@ -214,6 +238,22 @@ macro_rules! shared_statements {
             owner: &OwnerToken,
         ) -> Result<bool, sqlx::Error> {
             let done = sqlx::query(AssertSqlSafe(q.release.clone()))
+                .bind(&key_hash[..])
+                .bind(&owner.as_bytes()[..])
+                .execute(&mut *conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn renew(
+            conn: &mut $conn,
+            q: &Queries,
+            key_hash: &[u8; 32],
+            owner: &OwnerToken,
+            lease_ms: i64,
+        ) -> Result<bool, sqlx::Error> {
+            let done = sqlx::query(AssertSqlSafe(q.renew.clone()))
+                .bind(lease_ms)
                 .bind(&key_hash[..])
                 .bind(&owner.as_bytes()[..])
                 .execute(&mut *conn)

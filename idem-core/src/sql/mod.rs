@@ -2,8 +2,9 @@
 //!
 //! One table, one row per key, the key's hash as primary key: the unique
 //! index is what makes a claim atomic across any number of processes. Every
-//! transition is one statement guarded by the owner token, and every expiry
-//! is judged by the database's clock (`now()`, `UTC_TIMESTAMP(6)`, SQLite's
+//! transition, and every renewal of a lease (an `UPDATE` of the expiry), is
+//! one statement guarded by the owner token, and every expiry is judged by
+//! the database's clock (`now()`, `UTC_TIMESTAMP(6)`, SQLite's
 //! `julianday('now')`), never the app server's.
 //!
 //! ```no_run
@@ -62,15 +63,40 @@
 //! Each store is also a [`TransactionalStore`]: the claim row, the handler's
 //! business writes and the stored response commit in one transaction. See
 //! [`transaction`](crate::transaction) and the `Tx` extractor of
-//! `idem-tower`. A duplicate waits (up to the lock timeout) for a
-//! transaction holding the key and then replays what it committed. On SQLite
-//! and MySQL/MariaDB a transactional claim writes first, without the read
-//! before (see the comment in `claim_in_transaction`); PostgreSQL's claim is
-//! one statement, the same in both modes.
+//! `idem-tower`. A claim in transactional mode lives exactly as long as its
+//! transaction: a crash rolls it back and frees the key at once. On
+//! SQLite and MySQL/MariaDB a transactional claim writes first, without the
+//! read before (see the comment in `claim_in_transaction`); PostgreSQL's
+//! claim is one statement, the same in both modes.
+//!
+//! A duplicate never waits on the first's transaction while holding a
+//! connection:
+//!
+//! - a duplicate of a key this process has open is answered "in flight"
+//!   from memory, with no connection;
+//! - a duplicate from another process takes a connection for one statement
+//!   and learns "in flight" without waiting: PostgreSQL tries a
+//!   transaction-scoped advisory lock on the key
+//!   (`pg_try_advisory_xact_lock`, in the same round trip as the lock
+//!   timeout); MariaDB runs the claim with no lock wait
+//!   (`innodb_lock_wait_timeout = 0`; MySQL's least is 1 s, so there the
+//!   duplicate waits up to a second);
+//! - at most [`SqlStore::max_transactions`] claims are open at once (half
+//!   the pool by default), and a claim past that waits for its turn
+//!   without a connection, so the handlers' own reads through the pool
+//!   always find one.
+//!
+//! SQLite has one writer at a time: an open claim holds the database's
+//! write lock for its whole handler, so every other transactional claim,
+//! whatever its key, waits for it on the pool's `busy_timeout`, and a wait
+//! that runs out is answered "in flight". In-process duplicates are still
+//! answered from memory. Keep SQLite's transactional handlers short, or
+//! use PostgreSQL for concurrent writers.
 
 mod dialect;
 #[cfg(feature = "mysql")]
 mod mysql;
+mod open;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod slot;
@@ -83,6 +109,7 @@ use std::time::Duration;
 
 pub use dialect::Dialect;
 use dialect::{ClaimArgs, ClaimStep, Queries};
+use open::{Held, OpenClaims};
 pub use slot::{TxLease, TxSlot};
 /// The sqlx crate this store is built on, so your pool is the very type the
 /// store takes.
@@ -124,6 +151,7 @@ struct Inner<DB: Dialect> {
     table: String,
     queries: Queries,
     lock_timeout: Duration,
+    open: Arc<OpenClaims>,
 }
 
 impl<DB: Dialect> Clone for SqlStore<DB> {
@@ -140,6 +168,7 @@ impl<DB: Dialect> fmt::Debug for SqlStore<DB> {
             .field("database", &<DB as sqlx::Database>::NAME)
             .field("table", &self.inner.table)
             .field("lock_timeout", &self.inner.lock_timeout)
+            .field("max_transactions", &self.inner.open.max())
             .finish_non_exhaustive()
     }
 }
@@ -147,7 +176,8 @@ impl<DB: Dialect> fmt::Debug for SqlStore<DB> {
 impl<DB: Dialect> SqlStore<DB> {
     /// A store on `pool`, in table [`DEFAULT_TABLE`].
     pub fn new(pool: sqlx::Pool<DB>) -> Self {
-        Self::build(pool, DEFAULT_TABLE.to_owned(), DEFAULT_LOCK_TIMEOUT)
+        let max = default_max_transactions(&pool);
+        Self::build(pool, DEFAULT_TABLE.to_owned(), DEFAULT_LOCK_TIMEOUT, max)
     }
 
     /// A store on `pool` in `table`: an identifier of ASCII letters, digits
@@ -155,24 +185,57 @@ impl<DB: Dialect> SqlStore<DB> {
     /// Anything else is an [`ErrorKind::Config`] error.
     pub fn with_table(pool: sqlx::Pool<DB>, table: &str) -> Result<Self, Error> {
         validate_identifier(table)?;
-        Ok(Self::build(pool, table.to_owned(), DEFAULT_LOCK_TIMEOUT))
+        let max = default_max_transactions(&pool);
+        Ok(Self::build(
+            pool,
+            table.to_owned(),
+            DEFAULT_LOCK_TIMEOUT,
+            max,
+        ))
     }
 
-    /// How long a transactional claim waits for another transaction holding
-    /// the same key before answering "in flight" ([`DEFAULT_LOCK_TIMEOUT`]).
-    /// SQLite waits for its pool's `busy_timeout` instead.
+    /// How long statements in a claim's transaction wait for row locks
+    /// ([`DEFAULT_LOCK_TIMEOUT`]): the handler's own writes through `Tx`.
+    /// A duplicate of a claim held by another transaction does not wait:
+    /// it answers "in flight" at once. SQLite waits for its pool's
+    /// `busy_timeout` instead.
     pub fn lock_timeout(self, timeout: Duration) -> Self {
         let inner = &self.inner;
-        Self::build(inner.pool.clone(), inner.table.clone(), timeout)
+        Self::build(
+            inner.pool.clone(),
+            inner.table.clone(),
+            timeout,
+            inner.open.max(),
+        )
     }
 
-    fn build(pool: sqlx::Pool<DB>, table: String, lock_timeout: Duration) -> Self {
+    /// At most `n` transactional claims open at once in this process (by
+    /// default half the pool's `max_connections`, at least 1). Each open
+    /// claim holds a connection for its whole handler; a claim past the
+    /// limit waits for its turn without holding one, up to the pool's
+    /// acquire timeout (then the store is unavailable: 503). The other half
+    /// of the pool stays for what the handlers read through the pool, for
+    /// duplicates' checks and for the rest of the application. Duplicates
+    /// of a key open in this process never wait for a turn: they are
+    /// answered "in flight" from memory.
+    pub fn max_transactions(self, n: usize) -> Self {
+        let inner = &self.inner;
+        Self::build(
+            inner.pool.clone(),
+            inner.table.clone(),
+            inner.lock_timeout,
+            n,
+        )
+    }
+
+    fn build(pool: sqlx::Pool<DB>, table: String, lock_timeout: Duration, max: usize) -> Self {
         Self {
             inner: Arc::new(Inner {
                 queries: DB::queries(&table),
                 pool,
                 table,
                 lock_timeout,
+                open: Arc::new(OpenClaims::new(max)),
             }),
         }
     }
@@ -357,6 +420,29 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         }
     }
 
+    async fn renew(
+        &self,
+        key: &IdempotencyKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<(), Error> {
+        let mut conn = self.inner.pool.acquire().await.map_err(unavailable)?;
+        let done = DB::renew(
+            &mut conn,
+            &self.inner.queries,
+            &key_hash(key),
+            owner,
+            millis(lease),
+        )
+        .await
+        .map_err(unavailable)?;
+        if done {
+            Ok(())
+        } else {
+            Err(Error::lease_lost())
+        }
+    }
+
     fn transactional(&self) -> Option<&dyn TransactionalStore> {
         Some(self)
     }
@@ -371,48 +457,89 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
         owner: OwnerToken,
     ) -> BoxFuture<'a, Result<TransactionalClaim, Error>> {
         Box::pin(async move {
-            let mut tx = self.inner.pool.begin().await.map_err(unavailable)?;
-            DB::set_lock_timeout(&mut tx, self.inner.lock_timeout)
+            let inner = &self.inner;
+            let hash = key_hash(key);
+            let in_flight = Ok(TransactionalClaim::Answered(Claim::InFlight {
+                retry_after: lease,
+            }));
+            // A duplicate of a claim this process holds: answered from
+            // memory, without a connection.
+            let Some(mark) = inner.open.mark(hash) else {
+                return in_flight;
+            };
+            // Our turn among this process's open claims, waited for without a
+            // connection.
+            let acquire_timeout = inner.pool.options().get_acquire_timeout();
+            let Some(held) = inner.open.hold(mark, acquire_timeout).await else {
+                return Err(Error::unavailable(format!(
+                    "no turn among the {} open transactional claims within {acquire_timeout:?}",
+                    inner.open.max()
+                )));
+            };
+            let mut tx = inner.pool.begin().await.map_err(unavailable)?;
+            // Another process's open claim of the key: in flight, answered
+            // at once (dropping `tx` rolls back and returns the connection).
+            if !DB::begin_claim(&mut tx, &hash, inner.lock_timeout)
                 .await
-                .map_err(unavailable)?;
+                .map_err(unavailable)?
+            {
+                finish(tx).await;
+                return in_flight;
+            }
             // No separate read first here, unlike `claim`: in a transaction
             // the claim writes before it reads (PostgreSQL's one statement
             // reads and writes at once, which is safe in READ COMMITTED). A
             // plain read cannot see another transaction's uncommitted claim,
-            // so the upsert after it would still wait on that claim as it
-            // must, but the read has effects: on MySQL/MariaDB (REPEATABLE
-            // READ) it fixes the transaction's read view before that wait, so
-            // the read after the upsert cannot see the row the other
-            // transaction committed (the claim spins out "kept changing"
-            // instead of replaying) and the handler would read its data as of
-            // before the wait; on SQLite it opens the transaction as a reader,
-            // and a reader that another connection's commit overtook cannot
-            // become the writer (SQLITE_BUSY_SNAPSHOT: "in flight" instead of
-            // waiting and replaying).
-            let hash = key_hash(key);
-            match self
+            // and it has effects: on MySQL/MariaDB (REPEATABLE READ) it fixes
+            // the transaction's read view, so the handler would read its data
+            // as of before the claim; on SQLite it opens the transaction as a
+            // reader, and a reader that another connection's commit overtook
+            // cannot become the writer (SQLITE_BUSY_SNAPSHOT).
+            let claimed = self
                 .claim_on(&mut tx, key, &hash, fingerprint, lease, owner)
+                .await;
+            DB::end_claim(&mut tx, inner.lock_timeout)
                 .await
-            {
-                Ok(Claim::Acquired(owner)) => Ok(TransactionalClaim::Acquired(Box::new(
+                .map_err(unavailable)?;
+            if let Ok(Claim::Acquired(owner)) = claimed {
+                return Ok(TransactionalClaim::Acquired(Box::new(
                     SqlClaimTransaction {
                         slot: TxSlot::new(tx),
                         store: self.clone(),
                         key_hash: hash,
                         owner,
+                        _held: held,
                     },
-                ))),
-                // Nothing of ours to keep: dropping `tx` rolls it back.
+                )));
+            }
+            // Nothing of ours to keep. Rolled back here and now, not left to
+            // the drop (sqlx rolls a dropped transaction back lazily): until
+            // then it would hold the key's try-lock, and the next claim would
+            // be told "in flight" instead of replaying.
+            finish(tx).await;
+            match claimed {
                 Ok(answer) => Ok(TransactionalClaim::Answered(answer)),
-                Err(err) if DB::is_lock_timeout(&err) => {
-                    Ok(TransactionalClaim::Answered(Claim::InFlight {
-                        retry_after: self.inner.lock_timeout.max(Duration::from_secs(1)),
-                    }))
-                }
+                // Another transaction's claim row (MySQL/MariaDB, which wait
+                // for no lock in a claim), or SQLite's write lock.
+                Err(err) if DB::is_lock_timeout(&err) => in_flight,
                 Err(err) => Err(unavailable(err)),
             }
         })
     }
+}
+
+/// Rolls back a claim's transaction that holds nothing of ours. A failed
+/// rollback leaves a broken connection, which sqlx closes rather than
+/// reuse; the database then ends the transaction with its session.
+async fn finish<DB: Dialect>(tx: sqlx::Transaction<'_, DB>) {
+    if let Err(err) = tx.rollback().await {
+        tracing::warn!(error = %err, "rolling back an unused claim transaction failed");
+    }
+}
+
+/// Half the pool: see [`SqlStore::max_transactions`].
+fn default_max_transactions<DB: Dialect>(pool: &sqlx::Pool<DB>) -> usize {
+    (pool.options().get_max_connections() as usize / 2).max(1)
 }
 
 /// A claim held in an open transaction, shared with the request through a
@@ -422,6 +549,8 @@ struct SqlClaimTransaction<DB: Dialect> {
     store: SqlStore<DB>,
     key_hash: [u8; 32],
     owner: OwnerToken,
+    /// The key's mark and the turn, given up with the transaction.
+    _held: Held,
 }
 
 impl<DB: Dialect> ClaimTransaction for SqlClaimTransaction<DB> {

@@ -68,6 +68,12 @@ impl Dialect for MySql {
                 "DELETE FROM {table} WHERE key_hash = ? AND state = 'I' AND owner = ?",
                 table,
             ),
+            renew: render(
+                "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL (? * 1000) MICROSECOND \
+                 WHERE key_hash = ? AND state = 'I' AND owner = ? \
+                   AND expires_at > UTC_TIMESTAMP(6)",
+                table,
+            ),
             purge: render(
                 "DELETE FROM {table} WHERE expires_at < UTC_TIMESTAMP(6) LIMIT ?",
                 table,
@@ -144,12 +150,24 @@ impl Dialect for MySql {
 
     shared_statements!(MySqlConnection);
 
-    async fn set_lock_timeout(
+    async fn begin_claim(
         conn: &mut MySqlConnection,
-        timeout: Duration,
-    ) -> Result<(), sqlx::Error> {
-        // Whole seconds, at least 1; it stays on the pooled connection, which
-        // only transactional claims rely on.
+        _: &[u8; 32],
+        _: Duration,
+    ) -> Result<bool, sqlx::Error> {
+        // No lock wait for the claim statement: a claim that meets another
+        // transaction's uncommitted claim row fails at once with a lock wait
+        // timeout, read as "in flight". MariaDB takes 0 as "do not wait";
+        // MySQL's least is 1 s, so there a duplicate waits up to a second.
+        sqlx::query("SET SESSION innodb_lock_wait_timeout = 0")
+            .execute(&mut *conn)
+            .await
+            .map(|_| true)
+    }
+
+    async fn end_claim(conn: &mut MySqlConnection, timeout: Duration) -> Result<(), sqlx::Error> {
+        // Whole seconds, at least 1. It is a session variable: it stays on
+        // the pooled connection, so it is set back on every path.
         sqlx::query("SET SESSION innodb_lock_wait_timeout = ?")
             .bind(timeout.as_secs().max(1))
             .execute(&mut *conn)

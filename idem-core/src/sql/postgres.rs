@@ -68,6 +68,11 @@ impl Dialect for Postgres {
                 "DELETE FROM {table} WHERE key_hash = $1 AND state = 'I' AND owner = $2",
                 table,
             ),
+            renew: render(
+                "UPDATE {table} SET expires_at = now() + $1::bigint * interval '1 millisecond' \
+                 WHERE key_hash = $2 AND state = 'I' AND owner = $3 AND expires_at > now()",
+                table,
+            ),
             purge: render(
                 "DELETE FROM {table} WHERE key_hash IN ( \
                    SELECT key_hash FROM {table} WHERE expires_at < now() \
@@ -139,19 +144,39 @@ impl Dialect for Postgres {
 
     shared_statements!(PgConnection);
 
-    async fn set_lock_timeout(
+    async fn begin_claim(
         conn: &mut PgConnection,
+        key_hash: &[u8; 32],
         timeout: Duration,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query("SELECT set_config('lock_timeout', $1, true)")
-            .bind(format!("{}ms", timeout.as_millis().max(1)))
-            .execute(&mut *conn)
-            .await
-            .map(drop)
+    ) -> Result<bool, sqlx::Error> {
+        // A transaction-scoped advisory lock on the key, tried without
+        // waiting: held by the transaction that claimed the key until it
+        // commits or rolls back, and by nothing once its session is gone (a
+        // crashed process). One round trip, with the lock timeout.
+        let row = sqlx::query(
+            "SELECT pg_try_advisory_xact_lock($1), set_config('lock_timeout', $2, true)",
+        )
+        .bind(advisory_key(key_hash))
+        .bind(format!("{}ms", timeout.as_millis().max(1)))
+        .fetch_one(&mut *conn)
+        .await?;
+        row.try_get(0)
+    }
+
+    async fn end_claim(_: &mut PgConnection, _: Duration) -> Result<(), sqlx::Error> {
+        // begin_claim's lock timeout holds for the whole transaction.
+        Ok(())
     }
 
     fn is_lock_timeout(err: &sqlx::Error) -> bool {
         // lock_not_available, deadlock_detected
         has_code(err, &["55P03", "40P01"])
     }
+}
+
+/// The advisory lock id of a key: the first 8 bytes of its hash.
+fn advisory_key(key_hash: &[u8; 32]) -> i64 {
+    let mut id = [0; 8];
+    id.copy_from_slice(&key_hash[..8]);
+    i64::from_be_bytes(id)
 }

@@ -47,6 +47,8 @@ impl Dialect for Sqlite {
                  WHERE key_hash = ?3 AND state = 'I' AND owner = ?4",
             ),
             release: sql("DELETE FROM {table} WHERE key_hash = ?1 AND state = 'I' AND owner = ?2"),
+            renew: sql("UPDATE {table} SET expires_at = {now} + ?1 \
+                 WHERE key_hash = ?2 AND state = 'I' AND owner = ?3 AND expires_at > {now}"),
             purge: sql("DELETE FROM {table} WHERE key_hash IN ( \
                    SELECT key_hash FROM {table} WHERE expires_at < {now} LIMIT ?1)"),
         }
@@ -103,8 +105,19 @@ impl Dialect for Sqlite {
     }
     shared_statements!(SqliteConnection);
 
-    async fn set_lock_timeout(_: &mut SqliteConnection, _: Duration) -> Result<(), sqlx::Error> {
-        // SQLite waits on the connection's busy_timeout, set on the pool.
+    async fn begin_claim(
+        _: &mut SqliteConnection,
+        _: &[u8; 32],
+        _: Duration,
+    ) -> Result<bool, sqlx::Error> {
+        // One writer at a time: a claim waits for the database's write lock
+        // on the connection's busy_timeout (set on the pool), whichever key
+        // the writer holds. In-process duplicates never get here (see
+        // `SqlStore::claim_in_transaction`).
+        Ok(true)
+    }
+
+    async fn end_claim(_: &mut SqliteConnection, _: Duration) -> Result<(), sqlx::Error> {
         Ok(())
     }
 

@@ -1,10 +1,11 @@
-//! DESIGN section 5 as one store: the Redis gate in front, the SQL store as
+//! The three-layer defense as one store: the Redis gate in front, the SQL store as
 //! the source of truth behind, and optionally a small in-process cache of
 //! completed records.
 //!
 //! - A duplicate of a completed request is answered by Redis alone: one
 //!   command, no SQL.
-//! - A first request claims in Redis, then in SQL, and completes both.
+//! - A first request claims in Redis, then in SQL, and completes both; its
+//!   lease is renewed in both, SQL's answer deciding.
 //! - When SQL's unique index catches a duplicate that Redis let through (a
 //!   key evicted, expired early or lost in a failover), that is counted as
 //!   *fallback caught* and the gate is re-warmed with what SQL holds.
@@ -100,6 +101,7 @@ pub struct TierCounters {
     fallback_caught: AtomicU64,
     breaker_opened: AtomicU64,
     breaker_recovered: AtomicU64,
+    orphans_freed: AtomicU64,
 }
 
 /// A reading of [`TierCounters`].
@@ -119,6 +121,10 @@ pub struct TierStats {
     pub breaker_opened: u64,
     /// Times a probe found Redis back and closed the breaker.
     pub breaker_recovered: u64,
+    /// Transactional claims Redis called "in flight" whose owner's
+    /// transaction had ended without committing (a crashed process): SQL
+    /// found the key free, and the claim went ahead.
+    pub orphans_freed: u64,
 }
 
 impl TierCounters {
@@ -132,6 +138,7 @@ impl TierCounters {
             fallback_caught: read(&self.fallback_caught),
             breaker_opened: read(&self.breaker_opened),
             breaker_recovered: read(&self.breaker_recovered),
+            orphans_freed: read(&self.orphans_freed),
         }
     }
 
@@ -423,6 +430,21 @@ where
         Ok(())
     }
 
+    /// Renews in the truth, whose answer is the answer, then in the gate. A
+    /// gate that fails, or no longer holds the claim (it was skipped, or lost
+    /// the record), degrades as elsewhere: SQL still knows the claim is in
+    /// flight, and tells a duplicate the gate lets through.
+    async fn renew(
+        &self,
+        key: &IdempotencyKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<(), Error> {
+        self.inner.truth.renew(key, owner, lease).await?;
+        let _ = self.on_gate(self.inner.gate.renew(key, owner, lease)).await;
+        Ok(())
+    }
+
     fn transactional(&self) -> Option<&dyn TransactionalStore> {
         self.inner.truth.transactional()?;
         Some(self)
@@ -449,6 +471,14 @@ where
                 ));
             };
             let held = match self.through_gate(key, fingerprint, lease, owner).await {
+                // A transactional claim lives exactly as long as its
+                // transaction, and Redis cannot tell whether that still runs:
+                // the truth can, without waiting.
+                GateStep::Answered(Claim::InFlight { .. }) => {
+                    return self
+                        .past_gate_in_flight(truth, key, fingerprint, lease, owner)
+                        .await;
+                }
                 GateStep::Answered(claim) => return Ok(TransactionalClaim::Answered(claim)),
                 GateStep::Held => true,
                 GateStep::Skipped => false,
@@ -479,6 +509,58 @@ where
                 }
             }
         })
+    }
+}
+
+impl<C, T> TieredStore<C, T>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+    T: IdempotencyStore,
+{
+    /// Redis holds the key in flight for a transactional claim: asks the
+    /// truth whether a transaction still holds it. A live one answers "in
+    /// flight" (the truth learns it without waiting); none means the owner
+    /// died with its transaction rolled back, so the claim goes ahead and
+    /// the gate's orphaned record is replaced by ours.
+    async fn past_gate_in_flight(
+        &self,
+        truth: &dyn TransactionalStore,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+        owner: OwnerToken,
+    ) -> Result<TransactionalClaim, Error> {
+        let inner = &self.inner;
+        match truth
+            .claim_in_transaction(key, fingerprint, lease, owner)
+            .await?
+        {
+            TransactionalClaim::Acquired(tx) => {
+                TierCounters::bump(
+                    &inner.counters.orphans_freed,
+                    "idem_tier_orphans_freed_total",
+                );
+                tracing::warn!(key = %key.redacted(), "the gate held a claim whose transaction had ended; taking the key over");
+                let _ = self.on_gate(inner.gate.forget(key)).await;
+                let _ = self
+                    .on_gate(inner.gate.claim(key, fingerprint, lease, owner))
+                    .await;
+                Ok(TransactionalClaim::Acquired(Box::new(TieredTransaction {
+                    tx: Some(tx),
+                    store: self.clone(),
+                    key: key.clone(),
+                    owner,
+                })))
+            }
+            TransactionalClaim::Answered(Claim::Replay(outcome)) => {
+                let rewarm = inner
+                    .gate
+                    .put_completed(key, fingerprint, &outcome, inner.rewarm_ttl);
+                let _ = self.on_gate(rewarm).await;
+                Ok(TransactionalClaim::Answered(Claim::Replay(outcome)))
+            }
+            answered => Ok(answered),
+        }
     }
 }
 

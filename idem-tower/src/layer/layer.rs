@@ -23,9 +23,6 @@ pub(crate) struct Policy {
     pub(crate) scope: KeyScope,
     pub(crate) require_handler_ran: bool,
     pub(crate) state: Option<StateInserter>,
-    /// A combination of settings that cannot work and could not be refused
-    /// when it was made: every request answers 500 with this.
-    pub(crate) misconfigured: Option<String>,
 }
 
 /// Puts the route's router state in each request's extensions, for
@@ -66,7 +63,6 @@ impl IdempotencyLayer {
                 scope: KeyScope::Caller,
                 require_handler_ran: false,
                 state: None,
-                misconfigured: None,
             }),
         }
     }
@@ -81,7 +77,12 @@ impl IdempotencyLayer {
         self
     }
 
-    /// How long this route's first attempts hold their key.
+    /// How long this route's first attempts hold their key from their claim
+    /// or their last renewal; the handle's if unset. Without transactional
+    /// mode the layer renews it every third of it while the handler runs:
+    /// see [`IdempotencyBuilder::lease`](crate::IdempotencyBuilder::lease)
+    /// for what that gives, and what a handler that outlives a lost lease
+    /// risks.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.policy().lease = Some(lease);
         self
@@ -96,15 +97,11 @@ impl IdempotencyLayer {
         self
     }
 
-    /// What duplicates of a running request get on this route.
-    ///
-    /// A transactional route cannot wait ([`IdempotencyLayer::transactional`]
-    /// refuses `InFlight::Wait`); set after it, every request to the route
-    /// answers 500 with an error log saying so.
+    /// What duplicates of a running request get on this route. A waiting
+    /// duplicate holds nothing while it waits (no database connection, no
+    /// lock): it checks again now and then, and replays the first's
+    /// response once it is stored.
     pub fn in_flight(mut self, in_flight: InFlight) -> Self {
-        if self.policy.transactional && matches!(in_flight, InFlight::Wait(_)) {
-            self.policy().misconfigured = Some(WAIT_IN_TRANSACTION.to_owned());
-        }
         self.policy().in_flight = Some(in_flight);
         self
     }
@@ -125,12 +122,14 @@ impl IdempotencyLayer {
     }
 
     /// Stores only the outcomes of a handler that ran: responses that carry
-    /// [`HandlerRan`](crate::HandlerRan) in their extensions. Any other
-    /// response (an extractor that refused the request before the handler
-    /// started: a malformed body, a wrong `Content-Type`, missing
-    /// credentials) is sent as it is and its key released, so the corrected
-    /// request can use the same key. `#[idempotent]` handlers get this, and
-    /// the marking, without asking.
+    /// [`HandlerRan`](crate::HandlerRan) in their extensions. An error
+    /// response without it (an extractor that refused the request before
+    /// the handler started: a malformed body, a wrong `Content-Type`,
+    /// missing credentials) is sent as it is and its key released, so the
+    /// corrected request can use the same key. A success without it can
+    /// only be a handler that forgot the mark: it is kept as the handler's,
+    /// with a warning in the log. `#[idempotent]` handlers get this, and the
+    /// marking, without asking.
     pub fn require_handler_ran(mut self) -> Self {
         self.policy().require_handler_ran = true;
         self
@@ -171,14 +170,15 @@ impl IdempotencyLayer {
     /// panic or a cancelled request rolls all of it back, and so does a
     /// crash: there is never a partial effect, and never a second one.
     ///
-    /// A duplicate that arrives while the first transaction is open waits
-    /// for it (up to the store's lock timeout, then 409) and replays what it
-    /// committed; [`InFlight::Wait`] does not apply.
+    /// A duplicate that arrives while the first transaction is open learns
+    /// it at once, without waiting on the first's row (see the crate docs,
+    /// "Transactional mode"): 409, or under [`InFlight::Wait`] a wait that
+    /// holds no connection, then the replay of what the first committed.
+    /// A crashed first request's key is free as soon as the database has
+    /// rolled its transaction back, behind the Redis gate too.
     ///
     /// Fails with [`ErrorKind::Config`] if the handle's store has no
-    /// transactional mode (the SQL stores have one), or if the route waits
-    /// for in-flight duplicates ([`InFlight::Wait`]): a waiting duplicate
-    /// would hold a database connection for as long as the first request.
+    /// transactional mode (the SQL stores have one).
     pub fn transactional(mut self) -> Result<Self, Error> {
         if self.idem.config.store.transactional().is_none() {
             return Err(Error::new(
@@ -187,17 +187,10 @@ impl IdempotencyLayer {
                  (PgStore, MySqlStore or SqliteStore)",
             ));
         }
-        if matches!(self.policy.in_flight, Some(InFlight::Wait(_))) {
-            return Err(Error::new(ErrorKind::Config, WAIT_IN_TRANSACTION));
-        }
         self.policy().transactional = true;
         Ok(self)
     }
 }
-
-const WAIT_IN_TRANSACTION: &str = "a transactional route cannot wait for in-flight duplicates \
-     (InFlight::Wait): a waiting duplicate would hold a database connection as long as the \
-     first request; use InFlight::Reject (409 with Retry-After)";
 
 impl<S> Layer<S> for IdempotencyLayer {
     type Service = IdempotencyService<S>;

@@ -1,11 +1,12 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::pin::Pin;
+use std::pin::{Pin, pin};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
+use futures_util::future::{Either, select};
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Request, Response, header};
 use http_body::Body;
@@ -21,7 +22,7 @@ use tracing::Instrument;
 use super::{IdempotencyLayer, ResponseFuture};
 use crate::body::ResponseBody;
 use crate::guard::ClaimGuard;
-use crate::metrics::{self, RequestOutcome};
+use crate::metrics::{self, Renewal, RequestOutcome};
 use crate::problem::Problem;
 use crate::resolver::Unresolved;
 use crate::{HandlerRan, InFlight, REPLAYED_HEADER};
@@ -113,9 +114,6 @@ where
         metrics::request(RequestOutcome::SafeMethod, &label);
         return Ok(inner.call(request).await?.map(ResponseBody::inner));
     }
-    if let Some(why) = &layer.policy.misconfigured {
-        return Ok(misconfigured(&label, why.clone()));
-    }
     let (mut parts, body) = request.into_parts();
     if let Some(state) = &layer.policy.state {
         (state.0)(&mut parts.extensions);
@@ -131,6 +129,7 @@ where
             return Ok(rejection.map(ResponseBody::full));
         }
         Err(Unresolved::Misconfigured(why)) => return Ok(misconfigured(&label, why)),
+        Err(Unresolved::Invalid(why)) => return Ok(rejected(&Problem::KeyInvalid(why), &label)),
     };
     let body = match read_body(body, config.max_body, &parts.headers).await {
         Ok(body) => body,
@@ -170,9 +169,11 @@ where
     };
     tracing::debug!("claimed; calling the service");
     let guard = ClaimGuard::new(config.store.clone(), target.key, owner);
+    let lease = layer.policy.lease.unwrap_or(config.lease);
 
     let request = Request::from_parts(parts, ReqBody::from(body));
-    let called = AssertUnwindSafe(async { inner.call(request).await })
+    let call = async { inner.call(request).await };
+    let called = AssertUnwindSafe(renewing(&guard, lease, &label, call))
         .catch_unwind()
         .await;
     match called {
@@ -186,6 +187,76 @@ where
             metrics::request(RequestOutcome::Released, &label);
             guard.release("panicked").await;
             std::panic::resume_unwind(panic)
+        }
+    }
+}
+
+/// Runs `call`, the service of a plain (non-transactional) claim, while
+/// renewing the claim's lease every third of it, so that a handler may run
+/// for many leases and a claim whose process died still frees within about
+/// one. The renewals are polled in the same future as the handler, not
+/// spawned: they stop when it returns or is dropped, and a handler that
+/// finishes in its first poll never starts a timer.
+async fn renewing<F: Future>(
+    guard: &ClaimGuard,
+    lease: Duration,
+    route: &str,
+    call: F,
+) -> F::Output {
+    let call = pin!(call);
+    let heartbeat = pin!(heartbeat(guard, lease, route));
+    match select(call, heartbeat).await {
+        Either::Left((output, _)) => output,
+        // The lease was lost: nothing left to renew.
+        Either::Right(((), call)) => call.await,
+    }
+}
+
+/// Renews the lease every third of it, on one timer, until the lease is
+/// lost. A renewal that fails is logged and counted, and the next one is
+/// tried a third of a lease later; one that has not answered by then is
+/// given up and counted as failed, so a stalled store cannot hold the
+/// renewals back. Returns once the store says the claim is no longer ours.
+async fn heartbeat(guard: &ClaimGuard, lease: Duration, route: &str) {
+    if tokio::runtime::Handle::try_current().is_err() {
+        tracing::warn!(
+            "no tokio runtime to time lease renewals; the claim lives by its first lease only"
+        );
+        return std::future::pending().await;
+    }
+    // Bounded, so that a lease meant as "forever" cannot overflow a deadline.
+    let every = (lease / 3).clamp(Duration::from_millis(1), Duration::from_secs(86_400));
+    let mut tick = pin!(tokio::time::sleep(every));
+    loop {
+        tick.as_mut().await;
+        // The next tick is also this renewal's deadline.
+        tick.as_mut().reset(tokio::time::Instant::now() + every);
+        let renewal = guard.store().renew(guard.key(), guard.owner(), lease);
+        match select(renewal, tick.as_mut()).await {
+            Either::Left((Ok(()), _)) => metrics::renewal(Renewal::Ok, route),
+            Either::Left((Err(err), _)) if err.kind() == ErrorKind::LeaseLost => {
+                metrics::renewal(Renewal::Lost, route);
+                tracing::error!(
+                    ?lease,
+                    "idempotency lease lost while the handler runs: another attempt may take \
+                     the key over and run the effect again, and this attempt's outcome will not \
+                     be stored"
+                );
+                return;
+            }
+            Either::Left((Err(err), _)) => {
+                metrics::renewal(Renewal::Failed, route);
+                tracing::warn!(error = %err, ?lease, "could not renew the idempotency lease; trying again");
+            }
+            Either::Right(((), _)) => {
+                metrics::renewal(Renewal::Failed, route);
+                tracing::warn!(
+                    ?lease,
+                    "renewing the idempotency lease timed out; trying again"
+                );
+                // Due already: the next renewal starts at once.
+                tick.as_mut().reset(tokio::time::Instant::now());
+            }
         }
     }
 }
@@ -269,14 +340,22 @@ where
     };
     let lease = layer.policy.lease.unwrap_or(config.lease);
     let started = Instant::now();
-    let claimed = store
-        .claim_in_transaction(
-            &target.key,
-            &target.fingerprint,
-            lease,
-            OwnerToken::generate(),
-        )
-        .await;
+    let mut patience = Patience::new(layer);
+    let claimed = loop {
+        let claimed = store
+            .claim_in_transaction(
+                &target.key,
+                &target.fingerprint,
+                lease,
+                OwnerToken::generate(),
+            )
+            .await;
+        match claimed {
+            Ok(TransactionalClaim::Answered(Claim::InFlight { retry_after }))
+                if patience.wait(retry_after).await => {}
+            claimed => break claimed,
+        }
+    };
     metrics::claim_latency(started.elapsed(), &label);
     let tx = match claimed {
         Ok(TransactionalClaim::Acquired(tx)) => tx,
@@ -634,35 +713,60 @@ async fn claim(layer: &IdempotencyLayer, target: &Target) -> Result<Claim, idem_
     let config = &layer.idem.config;
     let lease = layer.policy.lease.unwrap_or(config.lease);
     let store = &*config.store;
-    let wait = match layer.policy.in_flight.unwrap_or(config.in_flight) {
-        InFlight::Reject => {
-            let owner = OwnerToken::generate();
-            return store
-                .claim(&target.key, &target.fingerprint, lease, owner)
-                .await;
-        }
-        InFlight::Wait(wait) => wait,
-    };
-    let deadline = Instant::now() + wait;
-    let mut pause = Duration::from_millis(10);
+    let mut patience = Patience::new(layer);
     loop {
         let owner = OwnerToken::generate();
         let claim = store
             .claim(&target.key, &target.fingerprint, lease, owner)
             .await?;
-        let Claim::InFlight { retry_after } = claim else {
-            return Ok(claim);
+        match claim {
+            Claim::InFlight { retry_after } if patience.wait(retry_after).await => continue,
+            claim => return Ok(claim),
+        }
+    }
+}
+
+/// How long a duplicate may still wait for the first attempt to finish,
+/// under [`InFlight::Wait`]. Waiting holds nothing: no connection, no lock.
+struct Patience {
+    deadline: Option<Instant>,
+    pause: Duration,
+}
+
+impl Patience {
+    fn new(layer: &IdempotencyLayer) -> Self {
+        let deadline = match layer
+            .policy
+            .in_flight
+            .unwrap_or(layer.idem.config.in_flight)
+        {
+            InFlight::Reject => None,
+            InFlight::Wait(wait) => Some(Instant::now() + wait),
+        };
+        Self {
+            deadline,
+            pause: Duration::from_millis(10),
+        }
+    }
+
+    /// Sleeps before the next try (backing off, never past `retry_after`
+    /// or the deadline); `false` if there is no time left to wait.
+    async fn wait(&mut self, retry_after: Duration) -> bool {
+        let Some(deadline) = self.deadline else {
+            return false;
         };
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Ok(claim);
+            return false;
         }
-        let nap = pause
+        let nap = self
+            .pause
             .min(left)
             .min(retry_after)
             .max(Duration::from_millis(1));
         tokio::time::sleep(nap).await;
-        pause = (pause * 2).min(Duration::from_millis(250));
+        self.pause = (self.pause * 2).min(Duration::from_millis(250));
+        true
     }
 }
 
@@ -724,11 +828,21 @@ where
     let config = &layer.idem.config;
     let status = response.status();
     if layer.policy.require_handler_ran && response.extensions().get::<HandlerRan>().is_none() {
-        tracing::debug!(
+        // A refusal from before the handler is a client error; a success
+        // without the mark is a handler that forgot it, and releasing it
+        // would deduplicate nothing: kept, and said.
+        if status.is_client_error() || status.is_server_error() {
+            tracing::debug!(
+                status = status.as_u16(),
+                "refused before the handler ran; nothing kept"
+            );
+            return Classified::NotRun(response.map(ResponseBody::inner));
+        }
+        tracing::warn!(
             status = status.as_u16(),
-            "refused before the handler ran; nothing kept"
+            "a response without HandlerRan on a route that requires it: kept as the \
+             handler's; mark the handler's responses with HandlerRan"
         );
-        return Classified::NotRun(response.map(ResponseBody::inner));
     }
     if !(config.keep)(status) {
         return Classified::NotFinal(response.map(ResponseBody::inner));
@@ -776,8 +890,9 @@ async fn complete(layer: &IdempotencyLayer, guard: &ClaimGuard, outcome: &Outcom
         };
         if err.kind() == ErrorKind::LeaseLost {
             tracing::error!(
-                "lease expired before the handler finished and another attempt took the key; \
-                 raise the lease above the handler's time budget"
+                "the lease ran out before the handler finished (its renewals failed, or could not \
+                 run: a handler that blocks its thread starves them) and another attempt took \
+                 the key; this outcome is not stored"
             );
             return;
         }

@@ -1,0 +1,293 @@
+//! A storm on transactional PostgreSQL with a small pool: duplicates of a
+//! slow first request never hold a pooled connection while they wait, so
+//! nothing starves. Two app instances (each its own store and a pool of
+//! 4), a 500 ms handler that also reads through the pool, 20 duplicates of
+//! one key split across the instances, 6 distinct keys and an unrelated
+//! read, all at once over loopback HTTP.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use http::StatusCode;
+use idem_tests::Backend;
+use idem_tower::core::sql::sqlx::{self, PgPool, Postgres, postgres::PgPoolOptions};
+use idem_tower::{Idempotency, InFlight, PgStore, Tx};
+
+const HANDLER: Duration = Duration::from_millis(500);
+
+#[derive(Clone)]
+struct Storm {
+    pool: PgPool,
+    runs: Arc<AtomicUsize>,
+}
+
+/// The handler: one effect row through the claim's transaction, a read
+/// through the pool (as handlers do), then a slow part.
+async fn charge(
+    State(storm): State<Storm>,
+    mut tx: Tx<Postgres>,
+    Json(body): Json<serde_json::Value>,
+) -> Result<StatusCode, StatusCode> {
+    let op = body["op"].as_str().unwrap_or_default().to_owned();
+    storm.runs.fetch_add(1, Ordering::SeqCst);
+    sqlx::query("INSERT INTO storm_effects (op) VALUES ($1)")
+        .bind(&op)
+        .execute(&mut *tx)
+        .await
+        .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+    sqlx::query("SELECT count(*) FROM storm_effects")
+        .execute(&storm.pool)
+        .await
+        .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+    tokio::time::sleep(HANDLER).await;
+    Ok(StatusCode::CREATED)
+}
+
+async fn unrelated(State(storm): State<Storm>) -> Result<&'static str, StatusCode> {
+    sqlx::query("SELECT 1")
+        .execute(&storm.pool)
+        .await
+        .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+    Ok("ok")
+}
+
+/// One app instance on its own pool of 4; its address.
+async fn instance(url: &str, runs: &Arc<AtomicUsize>) -> String {
+    instance_with(url, runs, 4, InFlight::Reject).await
+}
+
+async fn instance_with(
+    url: &str,
+    runs: &Arc<AtomicUsize>,
+    pool_size: u32,
+    in_flight: InFlight,
+) -> String {
+    let pool = PgPoolOptions::new()
+        .max_connections(pool_size)
+        .acquire_timeout(Duration::from_secs(20))
+        .connect(url)
+        .await
+        .expect("PostgreSQL");
+    let store = PgStore::with_table(pool.clone(), "idem_storm").expect("a table name");
+    store.migrate().await.expect("migrate");
+    let idem = Idempotency::new(store);
+    let layer = idem
+        .layer_with_key("storm:{header:idempotency-key}")
+        .expect("a valid template")
+        .in_flight(in_flight)
+        .transactional()
+        .expect("PgStore has transactions");
+    let storm = Storm {
+        pool,
+        runs: Arc::clone(runs),
+    };
+    let app = Router::new()
+        .route("/charges", post(charge).layer(layer))
+        .route("/unrelated", get(unrelated))
+        .with_state(storm);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a loopback port");
+    let addr = listener.local_addr().expect("an address");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
+/// What one request got, and when its answer arrived.
+#[derive(Debug)]
+struct Answer {
+    key: String,
+    status: StatusCode,
+    at: Instant,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn duplicates_hold_no_connection_while_the_first_runs() {
+    let Some(url) = Backend::Postgres.database_url().await else {
+        return;
+    };
+    let setup = PgPool::connect(&url).await.expect("PostgreSQL");
+    sqlx::query("CREATE TABLE IF NOT EXISTS storm_effects (op TEXT NOT NULL)")
+        .execute(&setup)
+        .await
+        .expect("the effects table");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let apps = [instance(&url, &runs).await, instance(&url, &runs).await];
+    let run = idem_tests::nonce();
+    let dup_key = format!("{run}-dup");
+    let distinct: Vec<String> = (0..6).map(|i| format!("{run}-k{i}")).collect();
+
+    // Sessions waiting on a lock, sampled throughout: a duplicate waiting on
+    // the first's row would show here.
+    let storming = Arc::new(AtomicBool::new(true));
+    let lock_waits = {
+        let (setup, storming) = (setup.clone(), Arc::clone(&storming));
+        tokio::spawn(async move {
+            let mut most = 0i64;
+            while storming.load(Ordering::SeqCst) {
+                let waiting: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                )
+                .fetch_one(&setup)
+                .await
+                .expect("pg_stat_activity");
+                most = most.max(waiting);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            most
+        })
+    };
+
+    let client = reqwest::Client::new();
+    let barrier = Arc::new(tokio::sync::Barrier::new(27));
+    let mut tasks = Vec::new();
+    let keys = std::iter::repeat_n(dup_key.clone(), 20).chain(distinct.iter().cloned());
+    for (i, key) in keys.enumerate() {
+        let (client, barrier) = (client.clone(), Arc::clone(&barrier));
+        let app = apps[i % 2].clone();
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let response = client
+                .post(format!("{app}/charges"))
+                .header("idempotency-key", &key)
+                .json(&serde_json::json!({ "op": key }))
+                .send()
+                .await
+                .expect("an answer");
+            Answer {
+                key,
+                status: response.status(),
+                at: Instant::now(),
+            }
+        }));
+    }
+    let read = {
+        let (client, barrier, app) = (client.clone(), Arc::clone(&barrier), apps[0].clone());
+        tokio::spawn(async move {
+            barrier.wait().await;
+            let response = client
+                .get(format!("{app}/unrelated"))
+                .send()
+                .await
+                .expect("an answer");
+            (response.status(), Instant::now())
+        })
+    };
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.expect("no request task panics"));
+    }
+    let (read_status, read_at) = read.await.expect("the read");
+    storming.store(false, Ordering::SeqCst);
+    let most_lock_waits = lock_waits.await.expect("the sampler");
+
+    for answer in &answers {
+        assert!(
+            !answer.status.is_server_error(),
+            "no 5xx in the storm: {answer:?}"
+        );
+    }
+    assert_eq!(read_status, StatusCode::OK);
+    let firsts: Vec<&Answer> = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::CREATED)
+        .collect();
+    assert_eq!(firsts.len(), 7, "each key ran once: {answers:#?}");
+    let dup_first = firsts
+        .iter()
+        .find(|a| a.key == dup_key)
+        .expect("the duplicated key ran");
+    let conflicts: Vec<&Answer> = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::CONFLICT)
+        .collect();
+    assert_eq!(conflicts.len(), 19, "{answers:#?}");
+    for conflict in &conflicts {
+        assert!(
+            conflict.at < dup_first.at,
+            "a 409 came after the first request completed: it waited"
+        );
+    }
+    let first_done = firsts.iter().map(|a| a.at).min().expect("firsts");
+    assert!(
+        read_at < first_done,
+        "the unrelated read queued behind the transactions"
+    );
+    assert_eq!(most_lock_waits, 0, "a session waited on a lock");
+    assert_eq!(runs.load(Ordering::SeqCst), 7, "one run per key");
+    for key in distinct.iter().chain([&dup_key]) {
+        let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM storm_effects WHERE op = $1")
+            .bind(key)
+            .fetch_one(&setup)
+            .await
+            .expect("count");
+        assert_eq!(effects, 1, "{key}");
+    }
+}
+
+/// Under `InFlight::Wait`, duplicates wait for the first outside the pool
+/// and replay it: on a pool of 2 (one open claim at a time), ten waiting
+/// duplicates leave the first's handler its second connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiting_duplicates_replay_without_holding_connections() {
+    let Some(url) = Backend::Postgres.database_url().await else {
+        return;
+    };
+    let setup = PgPool::connect(&url).await.expect("PostgreSQL");
+    sqlx::query("CREATE TABLE IF NOT EXISTS storm_effects (op TEXT NOT NULL)")
+        .execute(&setup)
+        .await
+        .expect("the effects table");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = instance_with(&url, &runs, 2, InFlight::Wait(Duration::from_secs(10))).await;
+    let key = format!("{}-wait", idem_tests::nonce());
+    let client = reqwest::Client::new();
+    let barrier = Arc::new(tokio::sync::Barrier::new(11));
+    let tasks: Vec<_> = (0..11)
+        .map(|_| {
+            let (client, barrier, app, key) = (
+                client.clone(),
+                Arc::clone(&barrier),
+                app.clone(),
+                key.clone(),
+            );
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let response = client
+                    .post(format!("{app}/charges"))
+                    .header("idempotency-key", &key)
+                    .json(&serde_json::json!({ "op": key }))
+                    .send()
+                    .await
+                    .expect("an answer");
+                (
+                    response.status(),
+                    response.headers().contains_key("idempotent-replayed"),
+                )
+            })
+        })
+        .collect();
+    let mut replays = 0;
+    for task in tasks {
+        let (status, replayed) = task.await.expect("no request task panics");
+        assert_eq!(
+            status,
+            StatusCode::CREATED,
+            "every copy gets the first's answer"
+        );
+        replays += usize::from(replayed);
+    }
+    assert_eq!(replays, 10);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM storm_effects WHERE op = $1")
+        .bind(&key)
+        .fetch_one(&setup)
+        .await
+        .expect("count");
+    assert_eq!(effects, 1);
+}
