@@ -1,6 +1,8 @@
 //! The key header path: `idempotency-key` values as a client sends them
 //! (absent, repeated, empty, oversize, non-UTF-8) evaluated through the
-//! template `op:{tenant}:{header:idempotency-key}`, checked against an
+//! template `op:{tenant}:{header:idempotency-key}`, scoped to the caller (a
+//! user the template does not name is appended as `:@user=...`), checked
+//! against an
 //! independent oracle of DESIGN.md section 3; and `Fingerprint::of` on
 //! arbitrary bodies and queries. Input format: see `idem_fuzz` (`T`, `K`,
 //! `H`, `Q`, `B` lines).
@@ -27,13 +29,23 @@ fn expected_fault(request: &FuzzRequest) -> Option<(Placeholder, Vec<PartFault>)
     }
     let header = Placeholder::Header(KEY_HEADER);
     match request.key_values.as_slice() {
-        [] => Some((header, vec![PartFault::Missing])),
+        [] => return Some((header, vec![PartFault::Missing])),
         [value] => {
             let faults = part_faults(value);
-            (!faults.is_empty()).then_some((header, faults))
+            if !faults.is_empty() {
+                return Some((header, faults));
+            }
         }
-        _ => Some((header, Vec::new())), // repeated
+        _ => return Some((header, Vec::new())), // repeated
     }
+    // The caller scope comes after the template's own parts. No user is a
+    // scope of its own; a malformed one is refused.
+    let user = request.user.as_deref().map(str::as_bytes).unwrap_or(b"");
+    let faults: Vec<PartFault> = part_faults(user)
+        .into_iter()
+        .filter(|f| *f != PartFault::Missing)
+        .collect();
+    (!user.is_empty() && !faults.is_empty()).then_some((Placeholder::User, faults))
 }
 
 fn check_key(request: &FuzzRequest) {
@@ -44,7 +56,10 @@ fn check_key(request: &FuzzRequest) {
         (None, Ok(key)) => {
             let tenant = request.tenant.as_deref().unwrap();
             let value = std::str::from_utf8(&request.key_values[0]).unwrap();
-            let composite = format!("op:{}:{}", escape(tenant), escape(value));
+            let mut composite = format!("op:{}:{}", escape(tenant), escape(value));
+            if let Some(user) = request.user.as_deref().filter(|u| !u.is_empty()) {
+                composite.push_str(&format!(":@user={}", escape(user)));
+            }
             assert_eq!(key.composite(), composite);
             assert_eq!(key.as_str(), format!("idem:{{{composite}}}"));
         }
