@@ -1,4 +1,4 @@
-//! Runnable idem apps. [`orders`] is the reference app of DESIGN section 7:
+//! Runnable idem apps. [`orders`] is the reference app (README.md, "The reference app"):
 //! run it with `cargo run -p idem-examples --bin orders`. [`consumer`] is an
 //! idempotent NATS JetStream consumer: `cargo run -p idem-examples --bin consumer`.
 

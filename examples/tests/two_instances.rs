@@ -1,4 +1,4 @@
-//! DESIGN section 8, round 5: two `orders` processes share one PostgreSQL
+//! Round 5 of ARCHITECTURE.md, "The five rounds": two `orders` processes share one PostgreSQL
 //! and one Redis; 50 concurrent copies of one request, split between them,
 //! make exactly one order.
 

@@ -3,7 +3,7 @@
 //! template `op:{tenant}:{header:idempotency-key}`, scoped to the caller (a
 //! user the template does not name is appended as `:@user=...`), checked
 //! against an
-//! independent oracle of DESIGN.md section 3; and `Fingerprint::of` on
+//! independent oracle of ARCHITECTURE.md, "Keys and callers"; and `Fingerprint::of` on
 //! arbitrary bodies and queries. Input format: see `idem_fuzz` (`T`, `K`,
 //! `H`, `Q`, `B` lines).
 #![no_main]

@@ -2,7 +2,7 @@
 //! and, when it parses, `evaluate` against the request the other lines
 //! describe (see `idem_fuzz`). Nothing may panic, every error must be a typed
 //! one that points inside the template, and every key built must keep the
-//! promises of DESIGN.md section 3.
+//! promises of ARCHITECTURE.md, "Keys and callers".
 #![no_main]
 
 use idem_core::{KeyError, KeyTemplate, MAX_PART_LEN, Placeholder};

@@ -158,7 +158,7 @@ pub fn escape(value: &str) -> String {
     out
 }
 
-/// What a client-supplied part may be, by DESIGN.md section 3: present,
+/// What a client-supplied part may be, by ARCHITECTURE.md, "Keys and callers": present,
 /// at most [`idem_core::MAX_PART_LEN`] bytes, visible ASCII. Returns the
 /// reasons it is not (empty when it is acceptable).
 pub fn part_faults(value: &[u8]) -> Vec<PartFault> {

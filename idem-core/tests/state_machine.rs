@@ -1,4 +1,4 @@
-//! Property tests of the record state machine (DESIGN.md section 4) against
+//! Property tests of the record state machine (ARCHITECTURE.md, "Records") against
 //! real stores: random interleavings of claim, complete, release, concurrent
 //! claim races and lease / retention expiry, across several owners and keys,
 //! each step checked against a reference model. The properties:

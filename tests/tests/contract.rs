@@ -1,4 +1,4 @@
-//! The HTTP contract (DESIGN sections 6 and 8, rounds 1-3) against the orders
+//! The HTTP contract (README.md; rounds 1-3 of ARCHITECTURE.md, "The five rounds") against the orders
 //! app on the memory store, each case run twice: over real HTTP on loopback
 //! and through `oneshot`.
 

@@ -1,4 +1,4 @@
-//! DESIGN section 8, round 4 for real: Redis is shut down in the middle of a
+//! Round 4 of ARCHITECTURE.md, "The five rounds", for real: Redis is shut down in the middle of a
 //! burst of duplicate requests to the orders app (PostgreSQL behind the
 //! Redis gate), then started again. Every key still has exactly one effect,
 //! and the degraded and recovered states show in the app's counters.

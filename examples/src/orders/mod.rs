@@ -1,4 +1,4 @@
-//! The reference app (DESIGN section 7): orders that debit a balance, and
+//! The reference app (README.md, "The reference app"): orders that debit a balance, and
 //! payments whose provider callbacks credit a ledger, made idempotent with
 //! idem.
 //!
