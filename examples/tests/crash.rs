@@ -10,67 +10,23 @@ mod support;
 use std::time::{Duration, Instant};
 
 use idem_tower::core::conformance::{mysql_url, postgres_url, redis_url, server_missing};
-use serde_json::{Value, json};
-use support::Orders;
+use support::{Orders, account, handler_calls, unique};
 
 const STARTING_BALANCE: i64 = 100_000;
 const PRICE: i64 = 2_500;
+const USER: &str = "crash-user";
 
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .expect("client")
-}
-
+/// The order every request of a test sends: the crash's key, as its user.
 fn order(base: &str, tenant: &str, delay_ms: Option<u64>) -> reqwest::RequestBuilder {
-    let mut request = client()
-        .post(format!("{base}/orders"))
-        .header("idempotency-key", "crash-key")
-        .header("x-tenant-id", tenant)
-        .header("authorization", "Bearer crash-user")
-        .json(&json!({"sku": "book", "qty": 1, "amount_cents": PRICE}));
-    if let Some(ms) = delay_ms {
-        request = request.header("x-chaos-delay-ms", ms.to_string());
+    let request = support::order(base, "crash-key", tenant, USER, PRICE);
+    match delay_ms {
+        Some(ms) => request.header("x-chaos-delay-ms", ms.to_string()),
+        None => request,
     }
-    request
-}
-
-async fn account(base: &str, tenant: &str) -> (u64, i64) {
-    let json: Value = client()
-        .get(format!("{base}/orders?tenant={tenant}&user=crash-user"))
-        .send()
-        .await
-        .expect("GET /orders")
-        .json()
-        .await
-        .expect("JSON");
-    (
-        json["count"].as_u64().unwrap(),
-        json["balance_cents"].as_i64().unwrap(),
-    )
-}
-
-async fn handler_calls(base: &str) -> u64 {
-    let text = client()
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .expect("GET /metrics")
-        .text()
-        .await
-        .expect("text");
-    text.lines()
-        .find_map(|l| l.strip_prefix("orders_handler_calls_total "))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("the counter")
 }
 
 async fn kill_mid_handler_then_retry_once(database: &str, redis: Option<&str>) {
-    let tenant = format!(
-        "crash-{:x}",
-        std::process::id() as u64 * 1_000_003 + rand_suffix()
-    );
+    let tenant = unique("crash");
     let first = Orders::start(database, redis);
     let base = first.base.clone();
     let doomed = tokio::spawn({
@@ -79,7 +35,7 @@ async fn kill_mid_handler_then_retry_once(database: &str, redis: Option<&str>) {
     });
     // Inside the handler: it counts itself, then writes, then sleeps.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while handler_calls(&base).await == 0 {
+    while handler_calls(&base).await == 0.0 {
         assert!(Instant::now() < deadline, "the handler never started");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -94,7 +50,7 @@ async fn kill_mid_handler_then_retry_once(database: &str, redis: Option<&str>) {
 
     let second = Orders::start(database, redis);
     assert_eq!(
-        account(&second.base, &tenant).await,
+        account(&second.base, &tenant, USER).await,
         (0, STARTING_BALANCE),
         "no partial effect survives the crash"
     );
@@ -104,17 +60,12 @@ async fn kill_mid_handler_then_retry_once(database: &str, redis: Option<&str>) {
     let again = order(&second.base, &tenant, None).send().await.unwrap();
     assert_eq!(again.status(), 201);
     assert_eq!(again.headers()["idempotent-replayed"], "true");
-    assert_eq!(handler_calls(&second.base).await, 1);
+    assert_eq!(handler_calls(&second.base).await, 1.0);
     assert_eq!(
-        account(&second.base, &tenant).await,
+        account(&second.base, &tenant, USER).await,
         (1, STARTING_BALANCE - PRICE),
         "exactly one effect"
     );
-}
-
-fn rand_suffix() -> u64 {
-    use std::hash::{BuildHasher, RandomState};
-    RandomState::new().hash_one(Instant::now())
 }
 
 async fn reachable(what: &str, url: &str, addr: &str) -> bool {
@@ -126,7 +77,7 @@ async fn reachable(what: &str, url: &str, addr: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_crash_mid_handler_leaves_no_partial_effect() {
-    let path = std::env::temp_dir().join(format!("idem-crash-{:x}.db", rand_suffix()));
+    let path = std::env::temp_dir().join(format!("{}.db", unique("idem-crash")));
     kill_mid_handler_then_retry_once(&format!("sqlite://{}", path.display()), None).await;
 }
 

@@ -6,27 +6,14 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
-
 use idem_tower::core::conformance::{redis_url, server_missing};
 use idem_tower::core::redis::redis;
-use serde_json::{Value, json};
-use support::{Orders, metric, samples};
+use serde_json::Value;
+use support::{Orders, account, metric, samples, scrape, unique};
 
 const STARTING_BALANCE: i64 = 100_000;
 const PRICE: i64 = 1_999;
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .expect("client")
-}
-
-fn unique(prefix: &str) -> String {
-    use std::hash::{BuildHasher, RandomState};
-    format!("{prefix}-{:x}", RandomState::new().hash_one(Instant::now()))
-}
+const USER: &str = "metrics-user";
 
 fn temp_sqlite() -> String {
     let path = std::env::temp_dir().join(format!("{}.db", unique("idem-metrics")));
@@ -34,12 +21,7 @@ fn temp_sqlite() -> String {
 }
 
 async fn order(base: &str, tenant: &str, key: &str) -> reqwest::Response {
-    client()
-        .post(format!("{base}/orders"))
-        .header("idempotency-key", key)
-        .header("x-tenant-id", tenant)
-        .header("authorization", "Bearer metrics-user")
-        .json(&json!({"sku": "book", "qty": 1, "amount_cents": PRICE}))
+    support::order(base, key, tenant, USER, PRICE)
         .send()
         .await
         .expect("POST /orders")
@@ -57,31 +39,6 @@ async fn first_then_duplicate(base: &str, tenant: &str, key: &str) {
     assert_eq!(duplicate.headers()["idempotent-replayed"], "true");
     let duplicate: Value = duplicate.json().await.expect("JSON");
     assert_eq!(duplicate, first, "the duplicate gets the first's answer");
-}
-
-async fn scrape(base: &str) -> String {
-    let reply = client()
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .expect("GET /metrics");
-    assert_eq!(reply.status(), 200);
-    reply.text().await.expect("text")
-}
-
-async fn account(base: &str, tenant: &str) -> (u64, i64) {
-    let json: Value = client()
-        .get(format!("{base}/orders?tenant={tenant}&user=metrics-user"))
-        .send()
-        .await
-        .expect("GET /orders")
-        .json()
-        .await
-        .expect("JSON");
-    (
-        json["count"].as_u64().unwrap(),
-        json["balance_cents"].as_i64().unwrap(),
-    )
 }
 
 fn requests(text: &str, outcome: &str) -> Option<f64> {
@@ -157,7 +114,7 @@ async fn a_first_and_a_duplicate_show_in_the_binarys_metrics(database: &str) {
         "{text}"
     );
     assert_eq!(
-        account(base, &tenant).await,
+        account(base, &tenant, USER).await,
         (1, STARTING_BALANCE - PRICE),
         "one order, one debit"
     );
@@ -232,7 +189,10 @@ async fn the_binary_counts_a_duplicate_sql_caught_after_redis_lost_the_key() {
     );
     assert_eq!(requests(&text, "first"), Some(1.0), "{text}");
     assert_eq!(requests(&text, "replayed"), Some(2.0), "{text}");
-    assert_eq!(account(base, &tenant).await, (1, STARTING_BALANCE - PRICE));
+    assert_eq!(
+        account(base, &tenant, USER).await,
+        (1, STARTING_BALANCE - PRICE)
+    );
 }
 
 #[test]

@@ -15,8 +15,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use idem_tower::core::conformance::{redis_url, server_missing};
-use serde_json::json;
-use support::{Orders, metric};
+use support::{Orders, handler_calls, metric, scrape, unique};
 
 /// The lease both processes run with.
 const LEASE: Duration = Duration::from_secs(1);
@@ -26,39 +25,12 @@ const HANDLER_MS: u64 = 60_000;
 /// request round trips, and Redis's expiry.
 const LEEWAY: Duration = Duration::from_millis(500);
 
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(90))
-        .build()
-        .expect("client")
-}
-
 fn order(base: &str, tenant: &str, delay_ms: Option<u64>) -> reqwest::RequestBuilder {
-    let mut request = client()
-        .post(format!("{base}/orders"))
-        .header("idempotency-key", "plain-lease-key")
-        .header("x-tenant-id", tenant)
-        .header("authorization", "Bearer lease-user")
-        .json(&json!({"sku": "book", "qty": 1, "amount_cents": 1_500}));
-    if let Some(ms) = delay_ms {
-        request = request.header("x-chaos-delay-ms", ms.to_string());
+    let request = support::order(base, "plain-lease-key", tenant, "lease-user", 1_500);
+    match delay_ms {
+        Some(ms) => request.header("x-chaos-delay-ms", ms.to_string()),
+        None => request,
     }
-    request
-}
-
-async fn metrics(base: &str) -> String {
-    client()
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .expect("GET /metrics")
-        .text()
-        .await
-        .expect("text")
-}
-
-async fn handler_calls(base: &str) -> f64 {
-    metric(&metrics(base).await, "orders_handler_calls_total", &[]).expect("the counter")
 }
 
 /// Sends the order to `base` and returns its status and whether it was a
@@ -84,7 +56,7 @@ async fn a_killed_process_claim_frees_within_about_one_lease() {
     let args = ["--lease-ms", lease_ms.as_str()];
     let first = Orders::start_with("memory", Some(&redis), &args);
     let second = Orders::start_with("memory", Some(&redis), &args);
-    let tenant = format!("plain-lease-{:x}", rand_suffix());
+    let tenant = unique("plain-lease");
 
     let doomed = tokio::spawn({
         let (base, tenant) = (first.base.clone(), tenant.clone());
@@ -111,7 +83,7 @@ async fn a_killed_process_claim_frees_within_about_one_lease() {
         duplicates += 1;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let text = metrics(&first.base).await;
+    let text = scrape(&first.base).await;
     let renewed = |result| {
         metric(
             &text,
@@ -172,9 +144,4 @@ async fn a_killed_process_claim_frees_within_about_one_lease() {
     let again = status(&second.base, &tenant).await;
     assert_eq!(again, (201, true), "the retry's response is replayed");
     assert_eq!(handler_calls(&second.base).await, 1.0, "the retry ran once");
-}
-
-fn rand_suffix() -> u64 {
-    use std::hash::{BuildHasher, RandomState};
-    RandomState::new().hash_one(Instant::now())
 }

@@ -85,6 +85,18 @@ impl Error {
         Self::from_kind(ErrorKind::LeaseLost)
     }
 
+    /// The answer to an owner-fenced write (complete, release, renew):
+    /// `Ok` if it happened, [`ErrorKind::LeaseLost`] if the record was no
+    /// longer the owner's.
+    #[cfg(any(feature = "sql", feature = "redis"))]
+    pub(crate) fn fenced(done: bool) -> Result<(), Self> {
+        if done {
+            Ok(())
+        } else {
+            Err(Self::lease_lost())
+        }
+    }
+
     /// What went wrong.
     pub fn kind(&self) -> ErrorKind {
         self.kind

@@ -241,11 +241,7 @@ impl MemoryStore {
         let mut guard = self.shard(key);
         let shard = &mut *guard;
         let now = Instant::now();
-        let entry = shard
-            .records
-            .get_mut(key)
-            .filter(|entry| entry.holder(now) == Some(owner))
-            .ok_or_else(Error::lease_lost)?;
+        let entry = held(&mut shard.records, key, owner, now)?;
         match next(entry.record.fingerprint(), now) {
             Some(next) => {
                 replace(&mut shard.bytes, entry, next);
@@ -255,6 +251,20 @@ impl MemoryStore {
         }
         Ok(())
     }
+}
+
+/// The live in-flight record of `key` if `owner` holds it: what every
+/// owner-fenced transition starts from.
+fn held<'a>(
+    records: &'a mut HashMap<Box<str>, Entry>,
+    key: &str,
+    owner: &OwnerToken,
+    now: Instant,
+) -> Result<&'a mut Entry, Error> {
+    records
+        .get_mut(key)
+        .filter(|entry| entry.holder(now) == Some(owner))
+        .ok_or_else(Error::lease_lost)
 }
 
 impl Default for MemoryStore {
@@ -334,11 +344,7 @@ impl IdempotencyStore for MemoryStore {
         let key = key.as_str();
         let mut shard = self.shard(key);
         let now = Instant::now();
-        let entry = shard
-            .records
-            .get_mut(key)
-            .filter(|entry| entry.holder(now) == Some(owner))
-            .ok_or_else(Error::lease_lost)?;
+        let entry = held(&mut shard.records, key, owner, now)?;
         // Same record, same weight: only the expiry moves.
         entry.expires_at = now + lease;
         Ok(())

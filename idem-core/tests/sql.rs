@@ -82,3 +82,51 @@ mod sqlite {
     idem_core::store_conformance_tests!(super::sqlite());
     idem_core::transactional_conformance_tests!(super::sqlite());
 }
+
+/// MariaDB: a transactional claim runs with no lock wait, which is a session
+/// variable of the pooled connection. Every path must set it back: here a
+/// duplicate told "in flight" leaves its (only) connection waiting the
+/// store's lock timeout again, for the next user of the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_claims_leave_the_pooled_lock_wait_as_configured() {
+    use idem_core::transaction::{TransactionalClaim, TransactionalStore};
+    use idem_core::{Claim, Fingerprint, IdempotencyKey, OwnerToken};
+
+    let Some(first) = mysql().await else { return };
+    let url = mysql_url();
+    let one = MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .expect("MariaDB");
+    let elsewhere = MySqlStore::new(one.clone()).lock_timeout(Duration::from_secs(7));
+    let key = IdempotencyKey::new("idem-test:", &format!("lock-wait:{:016x}", rand_u64()));
+    let fp = Fingerprint::from_bytes([9; 32]);
+    let claim = |store: &MySqlStore| {
+        let (store, key) = (store.clone(), key.clone());
+        async move {
+            store
+                .claim_in_transaction(&key, &fp, Duration::from_secs(60), OwnerToken::generate())
+                .await
+                .expect("MariaDB answers")
+        }
+    };
+
+    let TransactionalClaim::Acquired(open) = claim(&first).await else {
+        panic!("the first claim acquires");
+    };
+    let duplicate = claim(&elsewhere).await;
+    assert!(
+        matches!(
+            duplicate,
+            TransactionalClaim::Answered(Claim::InFlight { .. })
+        ),
+        "{duplicate:?}"
+    );
+    let wait: u64 = idem_core::sql::sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")
+        .fetch_one(&one)
+        .await
+        .expect("the session variable");
+    assert_eq!(wait, 7, "the claim's no-wait setting leaked into the pool");
+    open.rollback().await.expect("rollback");
+}

@@ -947,19 +947,34 @@ async fn records_are_bound_to_the_caller_whatever_the_template_names() {
     assert_eq!(count(&shared_calls), 1);
 }
 
+/// [`whose_order`] behind a layer with `template`, on a handle whose tenant
+/// comes from `X-Tenant-Id`.
+fn tenant_scoped(
+    calls: &Arc<AtomicUsize>,
+    template: &str,
+) -> impl Service<
+    Request<Body>,
+    Response = Response<idem_tower::ResponseBody<Full<Bytes>>>,
+    Error = Infallible,
+    Future: Send + 'static,
+> + Clone
++ Send
++ 'static {
+    Idempotency::builder(MemoryStore::new())
+        .tenant(Resolver::header("x-tenant-id"))
+        .build()
+        .layer_with_key(template)
+        .expect("a valid template")
+        .layer(whose_order(calls))
+}
+
 /// An identity the request gives ambiguously (the tenant header twice) is a
 /// 400, even where the template does not name it: read as "no tenant", two
 /// requests naming different tenants would share one record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_ambiguous_identity_is_refused_never_read_as_none() {
     let calls = calls();
-    let idem = Idempotency::builder(MemoryStore::new())
-        .tenant(Resolver::header("x-tenant-id"))
-        .build();
-    let service = idem
-        .layer_with_key("refund:{header:idempotency-key}")
-        .expect("a valid template")
-        .layer(whose_order(&calls));
+    let service = tenant_scoped(&calls, "refund:{header:idempotency-key}");
     for tenants in [["acme", "globex"], ["globex", "acme"]] {
         let mut request = post("/refunds", Some("k-ambiguous"), ORDER);
         for tenant in tenants {
@@ -987,13 +1002,7 @@ async fn an_ambiguous_identity_is_refused_never_read_as_none() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_callers_on_one_key_each_run_once_and_never_cross() {
     let calls = calls();
-    let idem = Idempotency::builder(MemoryStore::new())
-        .tenant(Resolver::header("x-tenant-id"))
-        .build();
-    let service = idem
-        .layer_with_key("order:{header:idempotency-key}")
-        .expect("a valid template")
-        .layer(whose_order(&calls));
+    let service = tenant_scoped(&calls, "order:{header:idempotency-key}");
     let barrier = Arc::new(tokio::sync::Barrier::new(40));
     let tasks: Vec<_> = (0..40)
         .map(|i| {
@@ -1869,6 +1878,45 @@ mod behind_axum {
         .await;
         assert!(alice_again.replayed());
         assert_eq!(alice_again.body, alice.body);
+        assert_eq!(count(&calls), 2);
+    }
+
+    /// A user resolver that serves only the caller scope (the template does
+    /// not name `{user}`): its refusal means a caller without a user, not a
+    /// 401, and that caller's record is not the signed-in user's.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_scope_only_resolver_refusal_is_a_caller_without_identity() {
+        let calls = calls();
+        let idem = Idempotency::builder(MemoryStore::new())
+            .user(Resolver::from_extractor(|CurrentUser(user)| user))
+            .build();
+        let layer = idem
+            .layer_with_key("order:{header:idempotency-key}")
+            .expect("a valid template");
+        let handler = {
+            let calls = Arc::clone(&calls);
+            move || {
+                let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                async move { (StatusCode::CREATED, format!("order {n}")) }
+            }
+        };
+        let app = Router::new().route("/orders", axum_post(handler).layer(layer));
+
+        let anonymous = send(&app, post("/orders", Some("k-scope"), ORDER)).await;
+        let alice = send(
+            &app,
+            signed(post("/orders", Some("k-scope"), ORDER), "alice"),
+        )
+        .await;
+        assert_eq!(anonymous.status, StatusCode::CREATED, "{anonymous:?}");
+        assert!(
+            !alice.replayed(),
+            "alice got the anonymous caller's response"
+        );
+        assert_eq!(alice.text(), "order 2");
+        let anonymous_again = send(&app, post("/orders", Some("k-scope"), ORDER)).await;
+        assert!(anonymous_again.replayed());
+        assert_eq!(anonymous_again.body, anonymous.body);
         assert_eq!(count(&calls), 2);
     }
 

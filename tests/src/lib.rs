@@ -6,6 +6,8 @@
 //! (defaults: the local services). Names (tenants, payment numbers) carry a
 //! per-harness nonce, since the SQL databases outlive a test run.
 
+pub mod prometheus;
+
 use std::sync::Arc;
 use std::time::Duration;
 

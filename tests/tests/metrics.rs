@@ -6,6 +6,7 @@
 
 use http::StatusCode;
 use idem_examples::orders::{App, install_prometheus};
+use idem_tests::prometheus::metric as value;
 use idem_tests::{Call, Harness};
 use serde_json::json;
 
@@ -95,60 +96,4 @@ async fn metrics_count_requests_by_outcome_and_route_and_the_most_collided_keys(
         !text.contains(":bob:calm"),
         "a key without duplicates never collided"
     );
-}
-
-/// The sum of the samples of `name` whose labels include every pair of
-/// `labels`, in any order among any others (PromQL's `sum(name{labels})`);
-/// `None` when none matches.
-fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    let matching: Vec<f64> = text
-        .lines()
-        .filter(|line| !line.is_empty() && !line.starts_with('#'))
-        .map(|line| sample(line).unwrap_or_else(|| panic!("not a sample: {line:?}")))
-        .filter(|(n, found, _)| {
-            n == name
-                && labels
-                    .iter()
-                    .all(|(k, v)| found.iter().any(|(fk, fv)| fk == k && fv == v))
-        })
-        .map(|(_, _, value)| value)
-        .collect();
-    (!matching.is_empty()).then(|| matching.iter().sum())
-}
-
-/// A label's name and value.
-type Label = (String, String);
-
-/// `name{k="v",...} value`: the name, the labels (values unescaped) and the
-/// value.
-fn sample(line: &str) -> Option<(String, Vec<Label>, f64)> {
-    let name_end = line.find(['{', ' '])?;
-    let mut labels = Vec::new();
-    let mut rest = &line[name_end..];
-    if let Some(mut inner) = rest.strip_prefix('{') {
-        loop {
-            inner = inner.trim_start_matches([',', ' ']);
-            if let Some(tail) = inner.strip_prefix('}') {
-                rest = tail;
-                break;
-            }
-            let (key, after_key) = inner.split_once("=\"")?;
-            let mut value = String::new();
-            let mut chars = after_key.char_indices();
-            let close = loop {
-                match chars.next()? {
-                    (at, '"') => break at,
-                    (_, '\\') => match chars.next()?.1 {
-                        'n' => value.push('\n'),
-                        other => value.push(other),
-                    },
-                    (_, other) => value.push(other),
-                }
-            };
-            labels.push((key.trim().to_owned(), value));
-            inner = &after_key[close + 1..];
-        }
-    }
-    let value = rest.split_whitespace().next()?.parse().ok()?;
-    Some((line[..name_end].to_owned(), labels, value))
 }

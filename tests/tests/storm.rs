@@ -97,6 +97,25 @@ async fn instance_with(
     format!("http://{addr}")
 }
 
+/// A pool on the test database, with the effects table in place.
+async fn effects_table(url: &str) -> PgPool {
+    let pool = PgPool::connect(url).await.expect("PostgreSQL");
+    sqlx::query("CREATE TABLE IF NOT EXISTS storm_effects (op TEXT NOT NULL)")
+        .execute(&pool)
+        .await
+        .expect("the effects table");
+    pool
+}
+
+/// How many effects the handler left for `op`.
+async fn effects(pool: &PgPool, op: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM storm_effects WHERE op = $1")
+        .bind(op)
+        .fetch_one(pool)
+        .await
+        .expect("count")
+}
+
 /// What one request got, and when its answer arrived.
 #[derive(Debug)]
 struct Answer {
@@ -110,11 +129,7 @@ async fn duplicates_hold_no_connection_while_the_first_runs() {
     let Some(url) = Backend::Postgres.database_url().await else {
         return;
     };
-    let setup = PgPool::connect(&url).await.expect("PostgreSQL");
-    sqlx::query("CREATE TABLE IF NOT EXISTS storm_effects (op TEXT NOT NULL)")
-        .execute(&setup)
-        .await
-        .expect("the effects table");
+    let setup = effects_table(&url).await;
     let runs = Arc::new(AtomicUsize::new(0));
     let apps = [instance(&url, &runs).await, instance(&url, &runs).await];
     let run = idem_tests::nonce();
@@ -221,12 +236,7 @@ async fn duplicates_hold_no_connection_while_the_first_runs() {
     assert_eq!(most_lock_waits, 0, "a session waited on a lock");
     assert_eq!(runs.load(Ordering::SeqCst), 7, "one run per key");
     for key in distinct.iter().chain([&dup_key]) {
-        let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM storm_effects WHERE op = $1")
-            .bind(key)
-            .fetch_one(&setup)
-            .await
-            .expect("count");
-        assert_eq!(effects, 1, "{key}");
+        assert_eq!(effects(&setup, key).await, 1, "{key}");
     }
 }
 
@@ -238,11 +248,7 @@ async fn waiting_duplicates_replay_without_holding_connections() {
     let Some(url) = Backend::Postgres.database_url().await else {
         return;
     };
-    let setup = PgPool::connect(&url).await.expect("PostgreSQL");
-    sqlx::query("CREATE TABLE IF NOT EXISTS storm_effects (op TEXT NOT NULL)")
-        .execute(&setup)
-        .await
-        .expect("the effects table");
+    let setup = effects_table(&url).await;
     let runs = Arc::new(AtomicUsize::new(0));
     let app = instance_with(&url, &runs, 2, InFlight::Wait(Duration::from_secs(10))).await;
     let key = format!("{}-wait", idem_tests::nonce());
@@ -284,10 +290,5 @@ async fn waiting_duplicates_replay_without_holding_connections() {
     }
     assert_eq!(replays, 10);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM storm_effects WHERE op = $1")
-        .bind(&key)
-        .fetch_one(&setup)
-        .await
-        .expect("count");
-    assert_eq!(effects, 1);
+    assert_eq!(effects(&setup, &key).await, 1);
 }

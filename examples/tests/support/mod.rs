@@ -7,7 +7,9 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
 
 /// An `orders` process on a loopback port.
 pub(crate) struct Orders {
@@ -66,73 +68,72 @@ impl Drop for Orders {
     }
 }
 
-/// The sum of the samples of `name` in Prometheus text whose labels include
-/// every pair of `labels` (in any order, among any others), as PromQL's
-/// `sum(name{labels})` would read it; `None` when no sample matches.
-pub(crate) fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    let matching: Vec<f64> = samples(text)
-        .filter(|sample| sample.name == name)
-        .filter(|sample| {
-            labels
-                .iter()
-                .all(|(k, v)| sample.labels.iter().any(|(sk, sv)| sk == k && sv == v))
-        })
-        .map(|sample| sample.value)
-        .collect();
-    (!matching.is_empty()).then(|| matching.iter().sum())
+/// A client with a timeout longer than any chaos delay the tests use.
+pub(crate) fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(90))
+        .build()
+        .expect("client")
 }
 
-/// One line of the Prometheus text format: `name{k="v",...} value`.
-#[derive(Debug)]
-pub(crate) struct Sample {
-    pub(crate) name: String,
-    pub(crate) labels: Vec<(String, String)>,
-    pub(crate) value: f64,
+/// A name no earlier run used: tenants, files.
+pub(crate) fn unique(prefix: &str) -> String {
+    use std::hash::{BuildHasher, RandomState};
+    format!("{prefix}-{:x}", RandomState::new().hash_one(Instant::now()))
 }
 
-/// The samples in Prometheus text (comments skipped). Panics on a line that
-/// is not a sample: what `/metrics` serves must parse.
-pub(crate) fn samples(text: &str) -> impl Iterator<Item = Sample> + '_ {
-    text.lines()
-        .map(str::trim)
-        .filter(|line| !line.is_empty() && !line.starts_with('#'))
-        .map(|line| parse_sample(line).unwrap_or_else(|| panic!("not a sample: {line:?}")))
+/// `POST /orders` for `user` of `tenant` with `key`: one book at `price`
+/// cents.
+pub(crate) fn order(
+    base: &str,
+    key: &str,
+    tenant: &str,
+    user: &str,
+    price: i64,
+) -> reqwest::RequestBuilder {
+    client()
+        .post(format!("{base}/orders"))
+        .header("idempotency-key", key)
+        .header("x-tenant-id", tenant)
+        .header("authorization", format!("Bearer {user}"))
+        .json(&json!({"sku": "book", "qty": 1, "amount_cents": price}))
 }
 
-fn parse_sample(line: &str) -> Option<Sample> {
-    let name_end = line.find(['{', ' '])?;
-    let name = line[..name_end].to_owned();
-    let mut labels = Vec::new();
-    let mut rest = &line[name_end..];
-    if let Some(mut inner) = rest.strip_prefix('{') {
-        // `key="value"` pairs, separated by commas, up to the closing `}`.
-        loop {
-            inner = inner.trim_start_matches([',', ' ']);
-            if let Some(tail) = inner.strip_prefix('}') {
-                rest = tail;
-                break;
-            }
-            let (key, after_key) = inner.split_once("=\"")?;
-            let mut value = String::new();
-            let mut chars = after_key.char_indices();
-            let close = loop {
-                match chars.next()? {
-                    (at, '"') => break at,
-                    (_, '\\') => match chars.next()?.1 {
-                        'n' => value.push('\n'),
-                        other => value.push(other),
-                    },
-                    (_, other) => value.push(other),
-                }
-            };
-            labels.push((key.trim().to_owned(), value));
-            inner = &after_key[close + 1..];
-        }
-    }
-    let value = rest.split_whitespace().next()?.parse().ok()?;
-    Some(Sample {
-        name,
-        labels,
-        value,
-    })
+/// The user's order count and balance, from `GET /orders`.
+pub(crate) async fn account(base: &str, tenant: &str, user: &str) -> (u64, i64) {
+    let json: Value = client()
+        .get(format!("{base}/orders?tenant={tenant}&user={user}"))
+        .send()
+        .await
+        .expect("GET /orders")
+        .json()
+        .await
+        .expect("JSON");
+    (
+        json["count"].as_u64().unwrap(),
+        json["balance_cents"].as_i64().unwrap(),
+    )
 }
+
+/// `GET /metrics`, as Prometheus text.
+pub(crate) async fn scrape(base: &str) -> String {
+    let reply = client()
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("GET /metrics");
+    assert_eq!(reply.status(), 200);
+    reply.text().await.expect("text")
+}
+
+/// How many times the orders handler was entered, by the app's counter.
+pub(crate) async fn handler_calls(base: &str) -> f64 {
+    metric(&scrape(base).await, "orders_handler_calls_total", &[]).expect("the counter")
+}
+
+// The Prometheus text reader the cross-crate tests use too: one copy.
+#[allow(unreachable_pub)]
+#[path = "../../../tests/src/prometheus.rs"]
+mod prometheus;
+#[allow(unused_imports)] // each test binary uses a part of it
+pub(crate) use prometheus::{metric, samples};

@@ -187,6 +187,12 @@ pub async fn dropped_transaction_rolls_back<DB: TestSql>(store: Arc<SqlStore<DB>
     assert_eq!(effects(store.pool(), &nonce).await, 0);
 }
 
+/// A store on the same pool and table with its own memory, as another
+/// process would have: it knows nothing of `store`'s open claims.
+fn another_process<DB: TestSql>(store: &SqlStore<DB>) -> SqlStore<DB> {
+    SqlStore::with_table(store.pool().clone(), store.table()).expect("the suite's table name")
+}
+
 /// A duplicate arriving while the first transaction is open is told "in
 /// flight" without waiting for it to end, from this process (answered from
 /// memory) and from another (a store of its own on the same table); once
@@ -196,8 +202,7 @@ pub async fn duplicate_of_an_open_transaction_is_in_flight_then_replays<DB: Test
 ) {
     effects_table(store.pool()).await;
     let (key, nonce) = fresh_key("tx-dup");
-    let elsewhere = SqlStore::<DB>::with_table(store.pool().clone(), store.table())
-        .expect("the suite's table name");
+    let elsewhere = another_process(&store);
     let first = claim_and_write(&store, &key, &nonce).await;
     // Both answer while the first is still open: neither waited for it.
     for (who, store) in [("this process", &*store), ("another process", &elsewhere)] {
@@ -239,8 +244,7 @@ pub async fn a_claim_whose_connection_died_frees_its_key_at_once<DB: TestSql>(
     // to the pool, on a task of its own, so the key frees a moment later,
     // with no lease to run out.
     drop(first);
-    let elsewhere = SqlStore::<DB>::with_table(store.pool().clone(), store.table())
-        .expect("the suite's table name");
+    let elsewhere = another_process(&store);
     let deadline = Instant::now() + NO_WAIT;
     let retry = loop {
         match elsewhere

@@ -175,11 +175,7 @@ where
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(unavailable)?;
-        if done == 1 {
-            Ok(())
-        } else {
-            Err(Error::lease_lost())
-        }
+        Error::fenced(done == 1)
     }
 
     async fn release(&self, key: &IdempotencyKey, owner: &OwnerToken) -> Result<(), Error> {
@@ -189,11 +185,7 @@ where
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(unavailable)?;
-        if done == 1 {
-            Ok(())
-        } else {
-            Err(Error::lease_lost())
-        }
+        Error::fenced(done == 1)
     }
 
     async fn renew(
@@ -209,10 +201,6 @@ where
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(unavailable)?;
-        if done == 1 {
-            Ok(())
-        } else {
-            Err(Error::lease_lost())
-        }
+        Error::fenced(done == 1)
     }
 }

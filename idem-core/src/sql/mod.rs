@@ -401,11 +401,7 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         )
         .await
         .map_err(unavailable)?;
-        if done {
-            Ok(())
-        } else {
-            Err(Error::lease_lost())
-        }
+        Error::fenced(done)
     }
 
     async fn release(&self, key: &IdempotencyKey, owner: &OwnerToken) -> Result<(), Error> {
@@ -413,11 +409,7 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         let done = DB::release(&mut conn, &self.inner.queries, &key_hash(key), owner)
             .await
             .map_err(unavailable)?;
-        if done {
-            Ok(())
-        } else {
-            Err(Error::lease_lost())
-        }
+        Error::fenced(done)
     }
 
     async fn renew(
@@ -436,11 +428,7 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         )
         .await
         .map_err(unavailable)?;
-        if done {
-            Ok(())
-        } else {
-            Err(Error::lease_lost())
-        }
+        Error::fenced(done)
     }
 
     fn transactional(&self) -> Option<&dyn TransactionalStore> {
@@ -575,9 +563,7 @@ impl<DB: Dialect> ClaimTransaction for SqlClaimTransaction<DB> {
             )
             .await
             .map_err(unavailable)?;
-            if !done {
-                return Err(Error::lease_lost());
-            }
+            Error::fenced(done)?;
             tx.commit().await.map_err(unavailable)
         })
     }
