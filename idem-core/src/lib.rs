@@ -40,8 +40,7 @@ mod fingerprint;
 mod key;
 pub mod record;
 mod response;
-mod store;
-pub mod transaction;
+pub mod store;
 
 #[cfg(feature = "memory")]
 #[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
@@ -85,6 +84,6 @@ pub use key::{
 };
 #[cfg(feature = "memory")]
 pub use memory::{DEFAULT_MAX_BYTES, MemoryStore};
-pub use record::{Claim, DecodeError, Outcome, OwnerToken, Record};
+pub use record::{Claim, DecodeError, Duplicate, Outcome, OwnerToken, Record};
 pub use response::StoredResponse;
 pub use store::IdempotencyStore;

@@ -26,7 +26,10 @@ async fn postgres() -> Option<PgStore> {
         Ok(pool) => pool,
         Err(err) => return server_missing("PostgreSQL", &url, err),
     };
-    let store = PgStore::new(pool).lock_timeout(LOCK_TIMEOUT);
+    let store = PgStore::builder(pool)
+        .lock_timeout(LOCK_TIMEOUT)
+        .build()
+        .unwrap();
     store.migrate().await.expect("migrate");
     Some(store)
 }
@@ -41,7 +44,10 @@ async fn mysql() -> Option<MySqlStore> {
         Ok(pool) => pool,
         Err(err) => return server_missing("MySQL/MariaDB", &url, err),
     };
-    let store = MySqlStore::new(pool).lock_timeout(LOCK_TIMEOUT);
+    let store = MySqlStore::builder(pool)
+        .lock_timeout(LOCK_TIMEOUT)
+        .build()
+        .unwrap();
     store.migrate().await.expect("migrate");
     Some(store)
 }
@@ -89,8 +95,9 @@ mod sqlite {
 /// store's lock timeout again, for the next user of the pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_claims_leave_the_pooled_lock_wait_as_configured() {
-    use idem_core::transaction::{TransactionalClaim, TransactionalStore};
-    use idem_core::{Claim, Fingerprint, IdempotencyKey, OwnerToken};
+    use idem_core::Duplicate;
+    use idem_core::store::{TransactionalStore, TxClaim};
+    use idem_core::{Fingerprint, IdempotencyKey, OwnerToken};
 
     let Some(first) = mysql().await else { return };
     let url = mysql_url();
@@ -99,7 +106,10 @@ async fn mysql_claims_leave_the_pooled_lock_wait_as_configured() {
         .connect(&url)
         .await
         .expect("MariaDB");
-    let elsewhere = MySqlStore::new(one.clone()).lock_timeout(Duration::from_secs(7));
+    let elsewhere = MySqlStore::builder(one.clone())
+        .lock_timeout(Duration::from_secs(7))
+        .build()
+        .unwrap();
     let key = IdempotencyKey::new("idem-test:", &format!("lock-wait:{:016x}", rand_u64()));
     let fp = Fingerprint::from_bytes([9; 32]);
     let claim = |store: &MySqlStore| {
@@ -112,15 +122,12 @@ async fn mysql_claims_leave_the_pooled_lock_wait_as_configured() {
         }
     };
 
-    let TransactionalClaim::Acquired(open) = claim(&first).await else {
+    let TxClaim::Open(open) = claim(&first).await else {
         panic!("the first claim acquires");
     };
     let duplicate = claim(&elsewhere).await;
     assert!(
-        matches!(
-            duplicate,
-            TransactionalClaim::Answered(Claim::InFlight { .. })
-        ),
+        matches!(duplicate, TxClaim::Duplicate(Duplicate::InFlight { .. })),
         "{duplicate:?}"
     );
     let wait: u64 = idem_core::sql::sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")

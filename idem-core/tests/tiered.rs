@@ -112,8 +112,13 @@ async fn sql_catches_what_redis_lost_and_rewarms_the_gate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_in_process_cache_answers_without_a_network_trip() {
-    let Some(store) = tiered().await else { return };
-    let store = store.cache(1_000, Duration::from_secs(5));
+    let Some(gate) = gate(&redis_url()).await else {
+        return;
+    };
+    let Some(truth) = truth().await else { return };
+    let store = TieredStore::builder(gate, truth)
+        .cache(1_000, Duration::from_secs(5))
+        .build();
     let key = key("cache");
     first_then_complete(&store, &key).await;
     let _ = store.claim(&key, &FP, LONG, OwnerToken::generate()).await;
@@ -146,9 +151,10 @@ async fn a_redis_outage_degrades_to_sql_and_recovers_without_a_restart() {
     };
     let Some(truth) = truth().await else { return };
     let store = Arc::new(
-        TieredStore::new(gate, truth)
+        TieredStore::builder(gate, truth)
             .gate_timeout(Duration::from_millis(100))
-            .breaker(2, Duration::from_millis(300)),
+            .breaker(2, Duration::from_millis(300))
+            .build(),
     );
 
     let warm = key("outage-warm");
@@ -200,7 +206,8 @@ async fn a_redis_outage_degrades_to_sql_and_recovers_without_a_restart() {
 /// does not block the retry: the truth finds the key free and it runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_orphaned_gate_claim_does_not_block_the_transactional_retry() {
-    use idem_core::transaction::{TransactionalClaim, TransactionalStore};
+    use idem_core::Duplicate;
+    use idem_core::store::{TransactionalStore, TxClaim};
 
     let Some(store) = tiered().await else { return };
     let Some(elsewhere) = tiered().await else {
@@ -218,20 +225,17 @@ async fn an_orphaned_gate_claim_does_not_block_the_transactional_retry() {
     };
 
     let first = claim(&store).await;
-    assert!(
-        matches!(first, TransactionalClaim::Acquired(_)),
-        "{first:?}"
-    );
+    assert!(matches!(first, TxClaim::Open(_)), "{first:?}");
     let live = claim(&elsewhere).await;
     assert!(
-        matches!(live, TransactionalClaim::Answered(Claim::InFlight { .. })),
+        matches!(live, TxClaim::Duplicate(Duplicate::InFlight { .. })),
         "a live first request keeps its key: {live:?}"
     );
 
     // A first request whose process died: PostgreSQL rolled its transaction
     // back with its session, and the gate still holds its in-flight record
     // for the rest of the lease (planted here as the dead process left it).
-    let TransactionalClaim::Acquired(tx) = first else {
+    let TxClaim::Open(tx) = first else {
         unreachable!()
     };
     tx.rollback().await.expect("rollback");
@@ -242,7 +246,7 @@ async fn an_orphaned_gate_claim_does_not_block_the_transactional_retry() {
         Claim::Acquired(dead_owner)
     );
     let before = elsewhere.counters().snapshot();
-    let TransactionalClaim::Acquired(retry) = claim(&elsewhere).await else {
+    let TxClaim::Open(retry) = claim(&elsewhere).await else {
         panic!("the retry must run at once, not after the gate's 60 s lease");
     };
     assert_eq!(
@@ -255,7 +259,7 @@ async fn an_orphaned_gate_claim_does_not_block_the_transactional_retry() {
         .expect("commit");
     let replay = claim(&store).await;
     assert!(
-        matches!(replay, TransactionalClaim::Answered(Claim::Replay(_))),
+        matches!(replay, TxClaim::Duplicate(Duplicate::Replay(_))),
         "{replay:?}"
     );
 }

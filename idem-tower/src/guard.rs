@@ -2,9 +2,8 @@
 
 use std::sync::Arc;
 
+use idem_core::store::DynStore;
 use idem_core::{ErrorKind, IdempotencyKey, OwnerToken};
-
-use crate::dyn_store::DynStore;
 
 /// Owns a claim until it is completed or released. Dropped while still armed
 /// (the request future was cancelled, say by a client disconnect, or a panic

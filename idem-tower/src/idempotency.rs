@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, StatusCode, header};
+use idem_core::store::DynStore;
 use idem_core::{Error, ErrorKind, IdempotencyStore, KeyTemplate, Placeholder};
 
 use crate::collisions::{Collision, Collisions};
-use crate::dyn_store::DynStore;
 use crate::{IdempotencyLayer, Resolver};
 
 /// The default lease of a plain (non-transactional) claim: how long its key

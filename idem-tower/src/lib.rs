@@ -171,7 +171,6 @@
 mod axum;
 mod body;
 mod collisions;
-mod dyn_store;
 mod guard;
 mod idempotency;
 pub mod layer;

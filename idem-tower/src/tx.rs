@@ -5,8 +5,8 @@ use std::ops::{Deref, DerefMut};
 use axum::extract::FromRequestParts;
 use axum::response::{IntoResponse, Response};
 use http::request::Parts;
-use idem_core::sql::sqlx::Database;
-use idem_core::sql::{TxLease, TxSlot};
+use idem_core::sql::{Dialect, TxLease};
+use idem_core::store::TxHandle;
 
 use crate::Problem;
 
@@ -33,11 +33,11 @@ use crate::Problem;
 ///     Ok(StatusCode::CREATED)
 /// }
 /// ```
-pub struct Tx<DB: Database> {
+pub struct Tx<DB: Dialect> {
     lease: TxLease<DB>,
 }
 
-impl<DB: Database> Deref for Tx<DB> {
+impl<DB: Dialect> Deref for Tx<DB> {
     type Target = DB::Connection;
 
     fn deref(&self) -> &DB::Connection {
@@ -47,7 +47,7 @@ impl<DB: Database> Deref for Tx<DB> {
     }
 }
 
-impl<DB: Database> DerefMut for Tx<DB> {
+impl<DB: Dialect> DerefMut for Tx<DB> {
     fn deref_mut(&mut self) -> &mut DB::Connection {
         self.lease
             .as_mut()
@@ -55,7 +55,7 @@ impl<DB: Database> DerefMut for Tx<DB> {
     }
 }
 
-impl<DB: Database> std::fmt::Debug for Tx<DB> {
+impl<DB: Dialect> std::fmt::Debug for Tx<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tx").finish_non_exhaustive()
     }
@@ -78,13 +78,15 @@ impl IntoResponse for TxRejection {
     }
 }
 
-impl<S: Send + Sync, DB: Database> FromRequestParts<S> for Tx<DB> {
+impl<S: Send + Sync, DB: Dialect> FromRequestParts<S> for Tx<DB> {
     type Rejection = TxRejection;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        // The layer puts the claim's transaction handle in the extensions.
         let slot = parts
             .extensions
-            .get::<TxSlot<DB>>()
+            .get::<TxHandle>()
+            .and_then(TxHandle::slot::<DB>)
             .cloned()
             .ok_or(TxRejection)?;
         let lease = slot.lease().await;

@@ -72,7 +72,10 @@ async fn instance_with(
         .connect(url)
         .await
         .expect("PostgreSQL");
-    let store = PgStore::with_table(pool.clone(), "idem_storm").expect("a table name");
+    let store = PgStore::builder(pool.clone())
+        .table("idem_storm")
+        .build()
+        .expect("a table name");
     store.migrate().await.expect("migrate");
     let idem = Idempotency::new(store);
     let layer = idem

@@ -9,9 +9,9 @@ use std::future::Future;
 
 use sqlx::AssertSqlSafe;
 
-use crate::sql::{Dialect, SqlStore, TxSlot};
-use crate::transaction::{TransactionalClaim, TransactionalStore};
-use crate::{Claim, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken};
+use crate::sql::{Dialect, SqlStore};
+use crate::store::{TransactionalStore, TxClaim};
+use crate::{Claim, Duplicate, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken};
 
 const LONG: Duration = Duration::from_secs(60);
 const EFFECTS: &str = "idem_test_effects";
@@ -89,24 +89,21 @@ async fn effects<DB: TestSql>(pool: &sqlx::Pool<DB>, nonce: &str) -> i64 {
 }
 
 /// Claims in a transaction and writes one effect row in it, as a handler
-/// would through the request's transaction slot.
+/// would through its transaction handle.
 async fn claim_and_write<DB: TestSql>(
     store: &SqlStore<DB>,
     key: &IdempotencyKey,
     nonce: &str,
-) -> Box<dyn crate::transaction::ClaimTransaction> {
+) -> Box<dyn crate::store::OpenTransaction> {
     let claim = store
         .claim_in_transaction(key, &fp(), LONG, OwnerToken::generate())
         .await
         .unwrap();
-    let TransactionalClaim::Acquired(tx) = claim else {
+    let TxClaim::Open(tx) = claim else {
         panic!("expected to acquire, got {claim:?}");
     };
-    let mut extensions = http::Extensions::new();
-    tx.attach(&mut extensions);
-    let slot = extensions
-        .get::<TxSlot<DB>>()
-        .expect("the slot is attached");
+    let handle = tx.handle();
+    let slot = handle.slot::<DB>().expect("a transaction on this database");
     let mut lease = slot.lease().await;
     let conn: &mut DB::Connection = lease.as_mut().expect("an open transaction");
     DB::exec_on(
@@ -190,7 +187,10 @@ pub async fn dropped_transaction_rolls_back<DB: TestSql>(store: Arc<SqlStore<DB>
 /// A store on the same pool and table with its own memory, as another
 /// process would have: it knows nothing of `store`'s open claims.
 fn another_process<DB: TestSql>(store: &SqlStore<DB>) -> SqlStore<DB> {
-    SqlStore::with_table(store.pool().clone(), store.table()).expect("the suite's table name")
+    SqlStore::builder(store.pool().clone())
+        .table(store.table())
+        .build()
+        .expect("the suite's table name")
 }
 
 /// A duplicate arriving while the first transaction is open is told "in
@@ -211,7 +211,7 @@ pub async fn duplicate_of_an_open_transaction_is_in_flight_then_replays<DB: Test
             .await
             .unwrap();
         assert!(
-            matches!(claim, TransactionalClaim::Answered(Claim::InFlight { .. })),
+            matches!(claim, TxClaim::Duplicate(Duplicate::InFlight { .. })),
             "{who}: {claim:?}"
         );
     }
@@ -222,7 +222,7 @@ pub async fn duplicate_of_an_open_transaction_is_in_flight_then_replays<DB: Test
             .await
             .unwrap()
         {
-            TransactionalClaim::Answered(Claim::Replay(outcome)) => {
+            TxClaim::Duplicate(Duplicate::Replay(outcome)) => {
                 assert_eq!(outcome, response(), "{who}");
             }
             other => panic!("{who}: expected a replay, got {other:?}"),
@@ -252,7 +252,7 @@ pub async fn a_claim_whose_connection_died_frees_its_key_at_once<DB: TestSql>(
             .await
             .unwrap()
         {
-            TransactionalClaim::Acquired(retry) => break retry,
+            TxClaim::Open(retry) => break retry,
             claim => {
                 assert!(Instant::now() < deadline, "the key stayed held: {claim:?}");
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -275,7 +275,7 @@ pub async fn duplicate_past_the_lock_timeout_is_in_flight<DB: TestSql>(store: Ar
         .await
         .unwrap();
     assert!(
-        matches!(claim, TransactionalClaim::Answered(Claim::InFlight { .. })),
+        matches!(claim, TxClaim::Duplicate(Duplicate::InFlight { .. })),
         "{claim:?}"
     );
     first.commit(&response(), LONG).await.unwrap();
@@ -354,12 +354,12 @@ pub async fn completed_key_answers_without_waiting_on_its_row<DB: TestSql>(
         .unwrap();
     if DB::CLAIM_READS_FIRST {
         assert!(
-            matches!(in_tx, TransactionalClaim::Answered(Claim::Replay(_))),
+            matches!(in_tx, TxClaim::Duplicate(Duplicate::Replay(_))),
             "{in_tx:?}"
         );
     } else {
         assert!(
-            matches!(in_tx, TransactionalClaim::Answered(Claim::InFlight { .. })),
+            matches!(in_tx, TxClaim::Duplicate(Duplicate::InFlight { .. })),
             "{in_tx:?}"
         );
     }
@@ -379,7 +379,10 @@ pub async fn completed_key_answers_without_waiting_on_its_row<DB: TestSql>(
 pub async fn migrate_twice_and_custom_table<DB: TestSql>(store: Arc<SqlStore<DB>>) {
     store.migrate().await.unwrap();
     store.migrate().await.unwrap();
-    let custom = SqlStore::with_table(store.pool().clone(), "idem_custom_records").unwrap();
+    let custom = SqlStore::builder(store.pool().clone())
+        .table("idem_custom_records")
+        .build()
+        .unwrap();
     custom.migrate().await.unwrap();
     custom.migrate().await.unwrap();
     let (key, _) = fresh_key("custom");
@@ -390,7 +393,10 @@ pub async fn migrate_twice_and_custom_table<DB: TestSql>(store: Arc<SqlStore<DB>
             .unwrap(),
         Claim::Acquired(_)
     ));
-    let bad = SqlStore::with_table(store.pool().clone(), "x; DROP TABLE y").unwrap_err();
+    let bad = SqlStore::builder(store.pool().clone())
+        .table("x; DROP TABLE y")
+        .build()
+        .unwrap_err();
     assert_eq!(bad.kind(), crate::ErrorKind::Config);
 }
 

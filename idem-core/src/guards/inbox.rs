@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::sql::{GuardConn, GuardDb, Ident, Kind, Value, config, db_error, is_retryable};
-use crate::transaction::BoxFuture;
+use crate::store::BoxFuture;
 use crate::{Error, ErrorKind};
 
 /// The table [`Inbox`] keeps its log in unless told otherwise.

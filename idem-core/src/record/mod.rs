@@ -83,6 +83,50 @@ pub enum Claim {
     Mismatch,
 }
 
+/// What a claim finds when the key is not free: everything but
+/// [`Claim::Acquired`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub enum Duplicate {
+    /// The key was completed with the same fingerprint: replay this.
+    Replay(Outcome),
+    /// Another attempt with the same fingerprint holds the key.
+    InFlight {
+        /// How long until its lease runs out, by the store's clock.
+        retry_after: Duration,
+    },
+    /// The key is held or completed by a request with another fingerprint.
+    Mismatch,
+}
+
+impl Claim {
+    /// The owner token if the key was acquired, else what the claim found.
+    ///
+    /// ```
+    /// use idem_core::{Claim, Duplicate};
+    ///
+    /// assert_eq!(Claim::Mismatch.acquired(), Err(Duplicate::Mismatch));
+    /// ```
+    pub fn acquired(self) -> Result<OwnerToken, Duplicate> {
+        match self {
+            Self::Acquired(owner) => Ok(owner),
+            Self::Replay(outcome) => Err(Duplicate::Replay(outcome)),
+            Self::InFlight { retry_after } => Err(Duplicate::InFlight { retry_after }),
+            Self::Mismatch => Err(Duplicate::Mismatch),
+        }
+    }
+}
+
+impl From<Duplicate> for Claim {
+    fn from(duplicate: Duplicate) -> Self {
+        match duplicate {
+            Duplicate::Replay(outcome) => Self::Replay(outcome),
+            Duplicate::InFlight { retry_after } => Self::InFlight { retry_after },
+            Duplicate::Mismatch => Self::Mismatch,
+        }
+    }
+}
+
 /// A record's stored state. Stores that keep a record as one value (Redis)
 /// store [`Record::encode`]; stores with columns may keep the parts apart.
 /// Lease and retention are the store's to keep, by its own clock.

@@ -193,6 +193,11 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
     /// another transaction holds the key.
     #[doc(hidden)]
     fn is_lock_timeout(err: &sqlx::Error) -> bool;
+
+    /// The open transaction of a claim, as the handle its handler borrows
+    /// it through.
+    #[doc(hidden)]
+    fn handle(slot: super::TxSlot<Self>) -> crate::store::TxHandle;
 }
 
 /// The methods whose Rust side is the same on every database: the SQL of

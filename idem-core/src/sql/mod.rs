@@ -62,7 +62,7 @@
 //!
 //! Each store is also a [`TransactionalStore`]: the claim row, the handler's
 //! business writes and the stored response commit in one transaction. See
-//! [`transaction`](crate::transaction) and the `Tx` extractor of
+//! [`store`](crate::store) and the `Tx` extractor of
 //! `idem-tower`. A claim in transactional mode lives exactly as long as its
 //! transaction: a crash rolls it back and frees the key at once. On
 //! SQLite and MySQL/MariaDB a transactional claim writes first, without the
@@ -81,7 +81,7 @@
 //!   timeout); MariaDB runs the claim with no lock wait
 //!   (`innodb_lock_wait_timeout = 0`; MySQL's least is 1 s, so there the
 //!   duplicate waits up to a second);
-//! - at most [`SqlStore::max_transactions`] claims are open at once (half
+//! - at most [`SqlStoreBuilder::max_transactions`] claims are open at once (half
 //!   the pool by default), and a claim past that waits for its turn
 //!   without a connection, so the handlers' own reads through the pool
 //!   always find one.
@@ -93,6 +93,7 @@
 //! answered from memory. Keep SQLite's transactional handlers short, or
 //! use PostgreSQL for concurrent writers.
 
+mod builder;
 mod dialect;
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -102,20 +103,22 @@ mod postgres;
 mod slot;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod transactional;
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use builder::SqlStoreBuilder;
 pub use dialect::Dialect;
 use dialect::{ClaimArgs, ClaimStep, Queries};
-use open::{Held, OpenClaims};
+use open::OpenClaims;
 pub use slot::{TxLease, TxSlot};
 /// The sqlx crate this store is built on, so your pool is the very type the
 /// store takes.
 pub use sqlx;
 
-use crate::transaction::{BoxFuture, ClaimTransaction, TransactionalClaim, TransactionalStore};
+use crate::store::TransactionalStore;
 use crate::{
     Claim, Error, ErrorKind, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken,
 };
@@ -174,61 +177,35 @@ impl<DB: Dialect> fmt::Debug for SqlStore<DB> {
 }
 
 impl<DB: Dialect> SqlStore<DB> {
-    /// A store on `pool`, in table [`DEFAULT_TABLE`].
+    /// A store on `pool`, in table [`DEFAULT_TABLE`], with the defaults of
+    /// [`SqlStoreBuilder`].
     pub fn new(pool: sqlx::Pool<DB>) -> Self {
-        let max = default_max_transactions(&pool);
-        Self::build(pool, DEFAULT_TABLE.to_owned(), DEFAULT_LOCK_TIMEOUT, max)
+        let max = transactional::default_max_transactions(&pool);
+        Self::from_parts(pool, DEFAULT_TABLE.to_owned(), DEFAULT_LOCK_TIMEOUT, max)
     }
 
-    /// A store on `pool` in `table`: an identifier of ASCII letters, digits
-    /// and underscores, not starting with a digit, at most 48 bytes.
-    /// Anything else is an [`ErrorKind::Config`] error.
-    pub fn with_table(pool: sqlx::Pool<DB>, table: &str) -> Result<Self, Error> {
-        validate_identifier(table)?;
-        let max = default_max_transactions(&pool);
-        Ok(Self::build(
-            pool,
-            table.to_owned(),
-            DEFAULT_LOCK_TIMEOUT,
-            max,
-        ))
+    /// A builder for a store on `pool`: its table, lock timeout and open
+    /// transaction limit.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "postgres")]
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use idem_core::sql::{PgStore, sqlx::PgPool};
+    ///
+    /// let pool = PgPool::connect("postgres://localhost/app").await?;
+    /// let store = PgStore::builder(pool)
+    ///     .table("billing_idempotency")
+    ///     .lock_timeout(Duration::from_secs(2))
+    ///     .build()?;
+    /// store.migrate().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn builder(pool: sqlx::Pool<DB>) -> SqlStoreBuilder<DB> {
+        SqlStoreBuilder::new(pool)
     }
 
-    /// How long statements in a claim's transaction wait for row locks
-    /// ([`DEFAULT_LOCK_TIMEOUT`]): the handler's own writes through `Tx`.
-    /// A duplicate of a claim held by another transaction does not wait:
-    /// it answers "in flight" at once. SQLite waits for its pool's
-    /// `busy_timeout` instead.
-    pub fn lock_timeout(self, timeout: Duration) -> Self {
-        let inner = &self.inner;
-        Self::build(
-            inner.pool.clone(),
-            inner.table.clone(),
-            timeout,
-            inner.open.max(),
-        )
-    }
-
-    /// At most `n` transactional claims open at once in this process (by
-    /// default half the pool's `max_connections`, at least 1). Each open
-    /// claim holds a connection for its whole handler; a claim past the
-    /// limit waits for its turn without holding one, up to the pool's
-    /// acquire timeout (then the store is unavailable: 503). The other half
-    /// of the pool stays for what the handlers read through the pool, for
-    /// duplicates' checks and for the rest of the application. Duplicates
-    /// of a key open in this process never wait for a turn: they are
-    /// answered "in flight" from memory.
-    pub fn max_transactions(self, n: usize) -> Self {
-        let inner = &self.inner;
-        Self::build(
-            inner.pool.clone(),
-            inner.table.clone(),
-            inner.lock_timeout,
-            n,
-        )
-    }
-
-    fn build(pool: sqlx::Pool<DB>, table: String, lock_timeout: Duration, max: usize) -> Self {
+    fn from_parts(pool: sqlx::Pool<DB>, table: String, lock_timeout: Duration, max: usize) -> Self {
         Self {
             inner: Arc::new(Inner {
                 queries: DB::queries(&table),
@@ -433,146 +410,6 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
 
     fn transactional(&self) -> Option<&dyn TransactionalStore> {
         Some(self)
-    }
-}
-
-impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
-    fn claim_in_transaction<'a>(
-        &'a self,
-        key: &'a IdempotencyKey,
-        fingerprint: &'a Fingerprint,
-        lease: Duration,
-        owner: OwnerToken,
-    ) -> BoxFuture<'a, Result<TransactionalClaim, Error>> {
-        Box::pin(async move {
-            let inner = &self.inner;
-            let hash = key_hash(key);
-            let in_flight = Ok(TransactionalClaim::Answered(Claim::InFlight {
-                retry_after: lease,
-            }));
-            // A duplicate of a claim this process holds: answered from
-            // memory, without a connection.
-            let Some(mark) = inner.open.mark(hash) else {
-                return in_flight;
-            };
-            // Our turn among this process's open claims, waited for without a
-            // connection.
-            let acquire_timeout = inner.pool.options().get_acquire_timeout();
-            let Some(held) = inner.open.hold(mark, acquire_timeout).await else {
-                return Err(Error::unavailable(format!(
-                    "no turn among the {} open transactional claims within {acquire_timeout:?}",
-                    inner.open.max()
-                )));
-            };
-            let mut tx = inner.pool.begin().await.map_err(unavailable)?;
-            // Another process's open claim of the key: in flight, answered
-            // at once (dropping `tx` rolls back and returns the connection).
-            if !DB::begin_claim(&mut tx, &hash, inner.lock_timeout)
-                .await
-                .map_err(unavailable)?
-            {
-                finish(tx).await;
-                return in_flight;
-            }
-            // No separate read first here, unlike `claim`: in a transaction
-            // the claim writes before it reads (PostgreSQL's one statement
-            // reads and writes at once, which is safe in READ COMMITTED). A
-            // plain read cannot see another transaction's uncommitted claim,
-            // and it has effects: on MySQL/MariaDB (REPEATABLE READ) it fixes
-            // the transaction's read view, so the handler would read its data
-            // as of before the claim; on SQLite it opens the transaction as a
-            // reader, and a reader that another connection's commit overtook
-            // cannot become the writer (SQLITE_BUSY_SNAPSHOT).
-            let claimed = self
-                .claim_on(&mut tx, key, &hash, fingerprint, lease, owner)
-                .await;
-            DB::end_claim(&mut tx, inner.lock_timeout)
-                .await
-                .map_err(unavailable)?;
-            if let Ok(Claim::Acquired(owner)) = claimed {
-                return Ok(TransactionalClaim::Acquired(Box::new(
-                    SqlClaimTransaction {
-                        slot: TxSlot::new(tx),
-                        store: self.clone(),
-                        key_hash: hash,
-                        owner,
-                        _held: held,
-                    },
-                )));
-            }
-            // Nothing of ours to keep. Rolled back here and now, not left to
-            // the drop (sqlx rolls a dropped transaction back lazily): until
-            // then it would hold the key's try-lock, and the next claim would
-            // be told "in flight" instead of replaying.
-            finish(tx).await;
-            match claimed {
-                Ok(answer) => Ok(TransactionalClaim::Answered(answer)),
-                // Another transaction's claim row (MySQL/MariaDB, which wait
-                // for no lock in a claim), or SQLite's write lock.
-                Err(err) if DB::is_lock_timeout(&err) => in_flight,
-                Err(err) => Err(unavailable(err)),
-            }
-        })
-    }
-}
-
-/// Rolls back a claim's transaction that holds nothing of ours. A failed
-/// rollback leaves a broken connection, which sqlx closes rather than
-/// reuse; the database then ends the transaction with its session.
-async fn finish<DB: Dialect>(tx: sqlx::Transaction<'_, DB>) {
-    if let Err(err) = tx.rollback().await {
-        tracing::warn!(error = %err, "rolling back an unused claim transaction failed");
-    }
-}
-
-/// Half the pool: see [`SqlStore::max_transactions`].
-fn default_max_transactions<DB: Dialect>(pool: &sqlx::Pool<DB>) -> usize {
-    (pool.options().get_max_connections() as usize / 2).max(1)
-}
-
-/// A claim held in an open transaction, shared with the request through a
-/// [`TxSlot`].
-struct SqlClaimTransaction<DB: Dialect> {
-    slot: TxSlot<DB>,
-    store: SqlStore<DB>,
-    key_hash: [u8; 32],
-    owner: OwnerToken,
-    /// The key's mark and the turn, given up with the transaction.
-    _held: Held,
-}
-
-impl<DB: Dialect> ClaimTransaction for SqlClaimTransaction<DB> {
-    fn attach(&self, extensions: &mut http::Extensions) {
-        extensions.insert(self.slot.clone());
-    }
-
-    fn commit<'a>(
-        self: Box<Self>,
-        outcome: &'a Outcome,
-        retention: Duration,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(async move {
-            let mut tx = self.slot.take().await?;
-            let done = DB::complete(
-                &mut tx,
-                &self.store.inner.queries,
-                &self.key_hash,
-                &self.owner,
-                &outcome.encode(),
-                millis(retention),
-            )
-            .await
-            .map_err(unavailable)?;
-            Error::fenced(done)?;
-            tx.commit().await.map_err(unavailable)
-        })
-    }
-
-    fn rollback(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {
-        Box::pin(async move {
-            let tx = self.slot.take().await?;
-            tx.rollback().await.map_err(unavailable)
-        })
     }
 }
 

@@ -182,4 +182,8 @@ impl Dialect for MySql {
             .is_some_and(|e| matches!(e.number(), 1205 | 1213))
             || has_code(err, &["40001"])
     }
+
+    fn handle(slot: super::TxSlot<Self>) -> crate::store::TxHandle {
+        crate::store::TxHandle::MySql(slot)
+    }
 }

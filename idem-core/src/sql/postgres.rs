@@ -172,6 +172,10 @@ impl Dialect for Postgres {
         // lock_not_available, deadlock_detected
         has_code(err, &["55P03", "40P01"])
     }
+
+    fn handle(slot: super::TxSlot<Self>) -> crate::store::TxHandle {
+        crate::store::TxHandle::Postgres(slot)
+    }
 }
 
 /// The advisory lock id of a key: the first 8 bytes of its hash.

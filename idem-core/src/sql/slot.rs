@@ -11,9 +11,11 @@ use crate::{Error, ErrorKind};
 /// (a task it spawned may still hold it) before giving up on committing.
 const TAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The open transaction of a transactional claim, shared between the layer
-/// (which commits or rolls it back) and the request (whose extractor lends
-/// it to the handler). Put in request extensions by the layer.
+/// The open transaction of a transactional claim, shared between the
+/// claim's owner (which commits or rolls it back) and the handler (which
+/// borrows it to write in). Handed out as a [`TxHandle`](crate::store::TxHandle);
+/// idem-tower puts it in the request's extensions, where its `Tx`
+/// extractor finds it.
 pub struct TxSlot<DB: sqlx::Database> {
     tx: Arc<Mutex<Option<sqlx::Transaction<'static, DB>>>>,
 }

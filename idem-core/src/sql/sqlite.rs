@@ -125,4 +125,8 @@ impl Dialect for Sqlite {
         // SQLITE_BUSY and its extended codes
         has_code(err, &["5", "261", "517"])
     }
+
+    fn handle(slot: super::TxSlot<Self>) -> crate::store::TxHandle {
+        crate::store::TxHandle::Sqlite(slot)
+    }
 }

@@ -11,7 +11,7 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Request, Response, header};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use idem_core::transaction::{ClaimTransaction, TransactionalClaim};
+use idem_core::store::{OpenTransaction, TxClaim};
 use idem_core::{
     BoxError, Claim, ErrorKind, Fingerprint, IdempotencyKey, KeyError, KeyScope, Outcome,
     OwnerToken, Placeholder, RequestView, StoredResponse,
@@ -351,15 +351,16 @@ where
             )
             .await;
         match claimed {
-            Ok(TransactionalClaim::Answered(Claim::InFlight { retry_after }))
+            Ok(TxClaim::Duplicate(idem_core::Duplicate::InFlight { retry_after }))
                 if patience.wait(retry_after).await => {}
             claimed => break claimed,
         }
     };
     metrics::claim_latency(started.elapsed(), &label);
     let tx = match claimed {
-        Ok(TransactionalClaim::Acquired(tx)) => tx,
-        Ok(TransactionalClaim::Answered(claim)) => {
+        Ok(TxClaim::Open(tx)) => tx,
+        Ok(TxClaim::Duplicate(duplicate)) => {
+            let claim = Claim::from(duplicate);
             return Ok(match decide(layer, &target.key, claim, &label) {
                 Decision::Respond(response) => response,
                 // The store broke its contract: Acquired comes with a transaction.
@@ -369,7 +370,7 @@ where
         Err(err) => return Ok(unavailable(layer, &err, &label)),
     };
     tracing::debug!("claimed in a transaction; calling the service");
-    tx.attach(&mut parts.extensions);
+    parts.extensions.insert(tx.handle());
     let request = Request::from_parts(parts, ReqBody::from(body));
     let called = AssertUnwindSafe(async { inner.call(request).await })
         .catch_unwind()
@@ -484,7 +485,7 @@ where
 /// Commits a final response with the handler's writes, or rolls both back.
 async fn settle_transaction<B>(
     layer: IdempotencyLayer,
-    tx: Box<dyn ClaimTransaction>,
+    tx: Box<dyn OpenTransaction>,
     response: Response<B>,
     label: String,
 ) -> Response<ResponseBody<B>>
@@ -520,7 +521,7 @@ where
     }
 }
 
-async fn rollback(tx: Box<dyn ClaimTransaction>, reason: &'static str) {
+async fn rollback(tx: Box<dyn OpenTransaction>, reason: &'static str) {
     match tx.rollback().await {
         Ok(()) => tracing::info!(reason, "rolled back the handler's writes and the claim"),
         // The transaction ends with its connection either way.

@@ -1,17 +1,30 @@
-//! Type erasure for stores, so the [`Idempotency`](crate::Idempotency) handle
-//! is one type whatever backend it carries.
+//! Type erasure for stores: one object-safe form of [`IdempotencyStore`],
+//! so that a handle can hold any backend as `Arc<dyn DynStore>`.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use idem_core::transaction::TransactionalStore;
-use idem_core::{Claim, Error, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken};
+use super::{IdempotencyStore, TransactionalStore};
+use crate::{Claim, Error, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
 
-type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+/// A boxed, `Send` future: what the object-safe store traits return.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// [`IdempotencyStore`] with boxed futures: object safe.
-pub(crate) trait DynStore: Send + Sync + 'static {
+/// [`IdempotencyStore`] with boxed futures, so it can be a trait object.
+/// Every store is one (a blanket implementation); the methods are those of
+/// [`IdempotencyStore`], with the same contracts.
+///
+/// ```
+/// use std::sync::Arc;
+/// use idem_core::MemoryStore;
+/// use idem_core::store::DynStore;
+///
+/// let store: Arc<dyn DynStore> = Arc::new(MemoryStore::new());
+/// assert!(store.transactional().is_none());
+/// ```
+pub trait DynStore: Send + Sync + 'static {
+    /// [`IdempotencyStore::claim`].
     fn claim<'a>(
         &'a self,
         key: &'a IdempotencyKey,
@@ -20,6 +33,7 @@ pub(crate) trait DynStore: Send + Sync + 'static {
         owner: OwnerToken,
     ) -> BoxFuture<'a, Result<Claim, Error>>;
 
+    /// [`IdempotencyStore::complete`].
     fn complete<'a>(
         &'a self,
         key: &'a IdempotencyKey,
@@ -28,12 +42,14 @@ pub(crate) trait DynStore: Send + Sync + 'static {
         retention: Duration,
     ) -> BoxFuture<'a, Result<(), Error>>;
 
+    /// [`IdempotencyStore::release`].
     fn release<'a>(
         &'a self,
         key: &'a IdempotencyKey,
         owner: &'a OwnerToken,
     ) -> BoxFuture<'a, Result<(), Error>>;
 
+    /// [`IdempotencyStore::renew`].
     fn renew<'a>(
         &'a self,
         key: &'a IdempotencyKey,
@@ -41,6 +57,7 @@ pub(crate) trait DynStore: Send + Sync + 'static {
         lease: Duration,
     ) -> BoxFuture<'a, Result<(), Error>>;
 
+    /// [`IdempotencyStore::transactional`].
     fn transactional(&self) -> Option<&dyn TransactionalStore>;
 }
 

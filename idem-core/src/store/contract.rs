@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::transaction::TransactionalStore;
+use super::TransactionalStore;
 use crate::{Claim, Error, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
 
 /// Where idempotency records live.
@@ -98,7 +98,7 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// This store's transactional mode, if it has one (the SQL stores do):
-    /// see [`transaction`](crate::transaction).
+    /// see [`TransactionalStore`].
     fn transactional(&self) -> Option<&dyn TransactionalStore> {
         None
     }

@@ -1,0 +1,156 @@
+//! Transactional mode on SQL: the claim row written in a transaction the
+//! handler then writes in, committed with the stored outcome.
+
+use std::time::Duration;
+
+use super::open::Held;
+use super::{Dialect, SqlStore, TxSlot, key_hash, millis, unavailable};
+use crate::store::{BoxFuture, OpenTransaction, TransactionalStore, TxClaim, TxHandle};
+use crate::{Claim, Duplicate, Error, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
+
+impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
+    fn claim_in_transaction<'a>(
+        &'a self,
+        key: &'a IdempotencyKey,
+        fingerprint: &'a Fingerprint,
+        lease: Duration,
+        owner: OwnerToken,
+    ) -> BoxFuture<'a, Result<TxClaim, Error>> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            let hash = key_hash(key);
+            let in_flight = Ok(TxClaim::Duplicate(Duplicate::InFlight {
+                retry_after: lease,
+            }));
+            // A duplicate of a claim this process holds: answered from
+            // memory, without a connection.
+            let Some(mark) = inner.open.mark(hash) else {
+                return in_flight;
+            };
+            // Our turn among this process's open claims, waited for without a
+            // connection.
+            let acquire_timeout = inner.pool.options().get_acquire_timeout();
+            let Some(held) = inner.open.hold(mark, acquire_timeout).await else {
+                return Err(Error::unavailable(format!(
+                    "no turn among the {} open transactional claims within {acquire_timeout:?}",
+                    inner.open.max()
+                )));
+            };
+            let mut tx = inner.pool.begin().await.map_err(unavailable)?;
+            // Another process's open claim of the key: in flight, answered
+            // at once (dropping `tx` rolls back and returns the connection).
+            if !DB::begin_claim(&mut tx, &hash, inner.lock_timeout)
+                .await
+                .map_err(unavailable)?
+            {
+                finish(tx).await;
+                return in_flight;
+            }
+            // No separate read first here, unlike `claim`: in a transaction
+            // the claim writes before it reads (PostgreSQL's one statement
+            // reads and writes at once, which is safe in READ COMMITTED). A
+            // plain read cannot see another transaction's uncommitted claim,
+            // and it has effects: on MySQL/MariaDB (REPEATABLE READ) it fixes
+            // the transaction's read view, so the handler would read its data
+            // as of before the claim; on SQLite it opens the transaction as a
+            // reader, and a reader that another connection's commit overtook
+            // cannot become the writer (SQLITE_BUSY_SNAPSHOT).
+            let claimed = self
+                .claim_on(&mut tx, key, &hash, fingerprint, lease, owner)
+                .await
+                .map(Claim::acquired);
+            DB::end_claim(&mut tx, inner.lock_timeout)
+                .await
+                .map_err(unavailable)?;
+            // Anything but our claim: nothing of ours to keep. Rolled back
+            // here and now, not left to the drop (sqlx rolls a dropped
+            // transaction back lazily): until then it would hold the key's
+            // try-lock, and the next claim would be told "in flight" instead
+            // of replaying.
+            let owner = match claimed {
+                Ok(Ok(owner)) => owner,
+                Ok(Err(duplicate)) => {
+                    finish(tx).await;
+                    return Ok(TxClaim::Duplicate(duplicate));
+                }
+                // Another transaction's claim row (MySQL/MariaDB, which wait
+                // for no lock in a claim), or SQLite's write lock.
+                Err(err) if DB::is_lock_timeout(&err) => {
+                    finish(tx).await;
+                    return in_flight;
+                }
+                Err(err) => {
+                    finish(tx).await;
+                    return Err(unavailable(err));
+                }
+            };
+            Ok(TxClaim::Open(Box::new(SqlOpenTransaction {
+                slot: TxSlot::new(tx),
+                store: self.clone(),
+                key_hash: hash,
+                owner,
+                _held: held,
+            })))
+        })
+    }
+}
+
+/// Rolls back a claim's transaction that holds nothing of ours. A failed
+/// rollback leaves a broken connection, which sqlx closes rather than
+/// reuse; the database then ends the transaction with its session.
+async fn finish<DB: Dialect>(tx: sqlx::Transaction<'_, DB>) {
+    if let Err(err) = tx.rollback().await {
+        tracing::warn!(error = %err, "rolling back an unused claim transaction failed");
+    }
+}
+
+/// Half the pool: see [`SqlStoreBuilder::max_transactions`](super::SqlStoreBuilder::max_transactions).
+pub(super) fn default_max_transactions<DB: Dialect>(pool: &sqlx::Pool<DB>) -> usize {
+    (pool.options().get_max_connections() as usize / 2).max(1)
+}
+
+/// A claim held in an open transaction, shared with the handler through a
+/// [`TxSlot`].
+struct SqlOpenTransaction<DB: Dialect> {
+    slot: TxSlot<DB>,
+    store: SqlStore<DB>,
+    key_hash: [u8; 32],
+    owner: OwnerToken,
+    /// The key's mark and the turn, given up with the transaction.
+    _held: Held,
+}
+
+impl<DB: Dialect> OpenTransaction for SqlOpenTransaction<DB> {
+    fn handle(&self) -> TxHandle {
+        DB::handle(self.slot.clone())
+    }
+
+    fn commit<'a>(
+        self: Box<Self>,
+        outcome: &'a Outcome,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let mut tx = self.slot.take().await?;
+            let done = DB::complete(
+                &mut tx,
+                &self.store.inner.queries,
+                &self.key_hash,
+                &self.owner,
+                &outcome.encode(),
+                millis(retention),
+            )
+            .await
+            .map_err(unavailable)?;
+            Error::fenced(done)?;
+            tx.commit().await.map_err(unavailable)
+        })
+    }
+
+    fn rollback(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {
+        Box::pin(async move {
+            let tx = self.slot.take().await?;
+            tx.rollback().await.map_err(unavailable)
+        })
+    }
+}

@@ -1,0 +1,200 @@
+//! Transactional mode behind the gate: the truth's transaction decides,
+//! the gate follows it, and a gate record whose transaction died is taken
+//! over.
+
+use std::time::Duration;
+
+use ::redis::aio::ConnectionLike;
+
+use super::{GateStep, TierCounters, TieredStore};
+use crate::store::{BoxFuture, OpenTransaction, TransactionalStore, TxClaim, TxHandle};
+use crate::{
+    Duplicate, Error, ErrorKind, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken,
+};
+
+impl<C, T> TransactionalStore for TieredStore<C, T>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+    T: IdempotencyStore,
+{
+    fn claim_in_transaction<'a>(
+        &'a self,
+        key: &'a IdempotencyKey,
+        fingerprint: &'a Fingerprint,
+        lease: Duration,
+        owner: OwnerToken,
+    ) -> BoxFuture<'a, Result<TxClaim, Error>> {
+        Box::pin(async move {
+            let Some(truth) = self.inner.truth.transactional() else {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    "the tiered store's source of truth has no transactions",
+                ));
+            };
+            let held = match self.through_gate(key, fingerprint, lease, owner).await {
+                // A transactional claim lives exactly as long as its
+                // transaction, and Redis cannot tell whether that still runs:
+                // the truth can, without waiting.
+                GateStep::Answered(Duplicate::InFlight { .. }) => {
+                    return self
+                        .past_gate_in_flight(truth, key, fingerprint, lease, owner)
+                        .await;
+                }
+                GateStep::Answered(duplicate) => return Ok(TxClaim::Duplicate(duplicate)),
+                GateStep::Held => true,
+                GateStep::Skipped => false,
+            };
+            match truth
+                .claim_in_transaction(key, fingerprint, lease, owner)
+                .await
+            {
+                Ok(TxClaim::Open(tx)) => Ok(TxClaim::Open(Box::new(TieredTransaction {
+                    tx: Some(tx),
+                    store: self.clone(),
+                    key: key.clone(),
+                    owner,
+                }))),
+                Ok(TxClaim::Duplicate(duplicate)) => {
+                    if held {
+                        self.reconcile(key, fingerprint, &owner, &duplicate).await;
+                    }
+                    Ok(TxClaim::Duplicate(duplicate))
+                }
+                Err(err) => {
+                    if held {
+                        let _ = self.on_gate(self.inner.gate.release(key, &owner)).await;
+                    }
+                    Err(err)
+                }
+            }
+        })
+    }
+}
+
+impl<C, T> TieredStore<C, T>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+    T: IdempotencyStore,
+{
+    /// Redis holds the key in flight for a transactional claim: asks the
+    /// truth whether a transaction still holds it. A live one answers "in
+    /// flight" (the truth learns it without waiting); none means the owner
+    /// died with its transaction rolled back, so the claim goes ahead and
+    /// the gate's orphaned record is replaced by ours.
+    async fn past_gate_in_flight(
+        &self,
+        truth: &dyn TransactionalStore,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+        owner: OwnerToken,
+    ) -> Result<TxClaim, Error> {
+        let inner = &self.inner;
+        match truth
+            .claim_in_transaction(key, fingerprint, lease, owner)
+            .await?
+        {
+            TxClaim::Open(tx) => {
+                TierCounters::bump(
+                    &inner.counters.orphans_freed,
+                    "idem_tier_orphans_freed_total",
+                );
+                tracing::warn!(key = %key.redacted(), "the gate held a claim whose transaction had ended; taking the key over");
+                let _ = self.on_gate(inner.gate.forget(key)).await;
+                let _ = self
+                    .on_gate(inner.gate.claim(key, fingerprint, lease, owner))
+                    .await;
+                Ok(TxClaim::Open(Box::new(TieredTransaction {
+                    tx: Some(tx),
+                    store: self.clone(),
+                    key: key.clone(),
+                    owner,
+                })))
+            }
+            TxClaim::Duplicate(Duplicate::Replay(outcome)) => {
+                let rewarm = inner
+                    .gate
+                    .put_completed(key, fingerprint, &outcome, inner.rewarm_ttl);
+                let _ = self.on_gate(rewarm).await;
+                Ok(TxClaim::Duplicate(Duplicate::Replay(outcome)))
+            }
+            answered => Ok(answered),
+        }
+    }
+}
+
+/// The truth's transaction, with the gate brought along after it.
+struct TieredTransaction<C, T>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+    T: IdempotencyStore,
+{
+    tx: Option<Box<dyn OpenTransaction>>,
+    store: TieredStore<C, T>,
+    key: IdempotencyKey,
+    owner: OwnerToken,
+}
+
+impl<C, T> OpenTransaction for TieredTransaction<C, T>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+    T: IdempotencyStore,
+{
+    fn handle(&self) -> TxHandle {
+        self.tx
+            .as_ref()
+            .expect("a transaction until it ends")
+            .handle()
+    }
+
+    fn commit<'a>(
+        mut self: Box<Self>,
+        outcome: &'a Outcome,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let tx = self.tx.take().expect("a transaction until it ends");
+            tx.commit(outcome, retention).await?;
+            let gate = &self.store.inner.gate;
+            let _ = self
+                .store
+                .on_gate(gate.complete(&self.key, &self.owner, outcome, retention))
+                .await;
+            Ok(())
+        })
+    }
+
+    fn rollback(mut self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {
+        Box::pin(async move {
+            let tx = self.tx.take().expect("a transaction until it ends");
+            let result = tx.rollback().await;
+            let gate = &self.store.inner.gate;
+            let _ = self
+                .store
+                .on_gate(gate.release(&self.key, &self.owner))
+                .await;
+            result
+        })
+    }
+}
+
+impl<C, T> Drop for TieredTransaction<C, T>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+    T: IdempotencyStore,
+{
+    fn drop(&mut self) {
+        // Dropped unfinished (a panic, a cancelled request): the truth rolls
+        // back with its transaction; free the gate too, on a task, so a retry
+        // is not told "in flight" until the lease ends.
+        if self.tx.is_none() {
+            return;
+        }
+        let (store, key, owner) = (self.store.clone(), self.key.clone(), self.owner);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = store.on_gate(store.inner.gate.release(&key, &owner)).await;
+            });
+        }
+    }
+}
