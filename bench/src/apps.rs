@@ -19,9 +19,8 @@ use idem_tower::core::sql::sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions,
 };
 use idem_tower::core::sql::sqlx::{PgPool, SqlitePool};
-use idem_tower::{
-    Idempotency, IdempotencyStore, MemoryStore, PgStore, RedisStore, SqliteStore, TieredStore,
-};
+use idem_tower::store::IdempotencyStore;
+use idem_tower::{Idempotency, MemoryStore, PgStore, RedisStore, SqliteStore, TieredStore};
 use ruts::store::Ttl;
 use ruts::store::moka::MokaStore;
 use ruts::{CookieOptions, Session, SessionLayer};

@@ -104,7 +104,7 @@ async fn a_first_and_a_duplicate_show_in_the_binarys_metrics(database: &str) {
     // The key the duplicate hit, and the app's own effect counter.
     let key = format!("order-create:{tenant}:metrics-user:metrics-key");
     assert_eq!(
-        metric(&text, "idem_key_collisions", &[("key", &key)]),
+        metric(&text, "idem_key_duplicates", &[("key", &key)]),
         Some(1.0),
         "{text}"
     );
@@ -200,7 +200,7 @@ fn prometheus_samples_are_read_whatever_the_label_order() {
     let text = "# TYPE idem_requests_total counter\n\
                 idem_requests_total{route=\"/orders\",outcome=\"replayed\"} 3\n\
                 idem_requests_total{outcome=\"replayed\",route=\"/payments/{payment_no}/callback\"} 4\n\
-                idem_key_collisions{key=\"a\\\"b,c}\"} 2\n\
+                idem_key_duplicates{key=\"a\\\"b,c}\"} 2\n\
                 orders_handler_calls_total 1\n";
     let replayed = [("outcome", "replayed"), ("route", "/orders")];
     assert_eq!(metric(text, "idem_requests_total", &replayed), Some(3.0));
@@ -209,7 +209,7 @@ fn prometheus_samples_are_read_whatever_the_label_order() {
         Some(7.0)
     );
     assert_eq!(
-        metric(text, "idem_key_collisions", &[("key", "a\"b,c}")]),
+        metric(text, "idem_key_duplicates", &[("key", "a\"b,c}")]),
         Some(2.0)
     );
     assert_eq!(metric(text, "orders_handler_calls_total", &[]), Some(1.0));

@@ -16,7 +16,7 @@ use syn::{Ident, Lit, LitBool, LitStr, Token, bracketed};
 /// The arguments, in the order the docs list them.
 const ARGUMENTS: [&str; 8] = [
     "key",
-    "ttl",
+    "retention",
     "lease",
     "required",
     "in_flight",
@@ -28,10 +28,10 @@ const ARGUMENTS: [&str; 8] = [
 /// `#[idempotent(...)]`, parsed and checked.
 pub(crate) struct Args {
     pub(crate) key: Key,
-    pub(crate) ttl: Option<Duration>,
+    pub(crate) retention: Option<Duration>,
     pub(crate) lease: Option<Duration>,
     pub(crate) required: Option<bool>,
-    pub(crate) in_flight: Option<InFlight>,
+    pub(crate) in_flight: Option<InFlightPolicy>,
     pub(crate) fingerprint: Option<Fingerprint>,
     pub(crate) transactional: bool,
     pub(crate) shared_across_callers: bool,
@@ -44,15 +44,15 @@ pub(crate) struct Key {
 }
 
 /// `in_flight = "reject"` or `"wait(5s)"`.
-pub(crate) enum InFlight {
+pub(crate) enum InFlightPolicy {
     Reject,
     Wait(Duration),
 }
 
-/// `fingerprint = "body"`, `"none"` or `["/json", "/pointers"]`.
+/// `fingerprint = "request"`, `"method_and_route"` or `["/json", "/pointers"]`.
 pub(crate) enum Fingerprint {
-    Body,
-    None,
+    Request,
+    MethodAndRoute,
     JsonFields(Vec<LitStr>),
 }
 
@@ -70,10 +70,10 @@ impl Args {
 #[derive(Default)]
 struct RawArgs {
     key: Option<Key>,
-    ttl: Option<Duration>,
+    retention: Option<Duration>,
     lease: Option<Duration>,
     required: Option<bool>,
-    in_flight: Option<(InFlight, Span)>,
+    in_flight: Option<(InFlightPolicy, Span)>,
     fingerprint: Option<(Fingerprint, Span)>,
     transactional: Option<bool>,
     shared_across_callers: Option<bool>,
@@ -95,14 +95,19 @@ impl RawArgs {
                 let template = parse_template(&lit)?;
                 set(&mut self.key, &ident, Key { lit, template })
             }
-            "ttl" => {
-                let lit = string_value(&meta, &ident, "ttl = \"24h\"")?;
+            "retention" => {
+                let lit = string_value(&meta, &ident, "retention = \"24h\"")?;
                 set(
-                    &mut self.ttl,
+                    &mut self.retention,
                     &ident,
-                    parse_duration(&lit, &lit.value(), "ttl")?,
+                    parse_duration(&lit, &lit.value(), "retention")?,
                 )
             }
+            "ttl" => Err(syn::Error::new(
+                ident.span(),
+                "`ttl` is called `retention`, as on the builder and the layer: write \
+                 `retention = \"24h\"`",
+            )),
             "lease" => {
                 let lit = string_value(&meta, &ident, "lease = \"30s\"")?;
                 set(
@@ -148,7 +153,7 @@ impl RawArgs {
             ));
         };
         let fingerprint = match self.fingerprint {
-            Some((Fingerprint::None, span)) if key.template.reads_body() => {
+            Some((Fingerprint::MethodAndRoute, span)) if key.template.reads_body() => {
                 let body = key
                     .template
                     .placeholders()
@@ -171,7 +176,7 @@ impl RawArgs {
         let transactional = self.transactional.unwrap_or(false);
         Ok(Args {
             key,
-            ttl: self.ttl,
+            retention: self.retention,
             lease: self.lease,
             required: self.required,
             in_flight: self.in_flight.map(|(in_flight, _)| in_flight),
@@ -332,17 +337,17 @@ fn parse_duration(lit: &LitStr, text: &str, what: &str) -> syn::Result<Duration>
     Ok(duration)
 }
 
-fn parse_in_flight(lit: &LitStr) -> syn::Result<InFlight> {
+fn parse_in_flight(lit: &LitStr) -> syn::Result<InFlightPolicy> {
     let value = lit.value();
     let value = value.trim();
     if value == "reject" {
-        return Ok(InFlight::Reject);
+        return Ok(InFlightPolicy::Reject);
     }
     match value
         .strip_prefix("wait(")
         .and_then(|rest| rest.strip_suffix(')'))
     {
-        Some(wait) => Ok(InFlight::Wait(parse_duration(
+        Some(wait) => Ok(InFlightPolicy::Wait(parse_duration(
             lit,
             wait,
             "in_flight = \"wait(...)\"",
@@ -362,19 +367,19 @@ fn fingerprint_value(
     meta: &ParseNestedMeta<'_>,
     ident: &Ident,
 ) -> syn::Result<(Fingerprint, Span)> {
-    let input = value_of(meta, ident, "fingerprint = \"body\"")?;
+    let input = value_of(meta, ident, "fingerprint = \"request\"")?;
     let lookahead = input.lookahead1();
     if lookahead.peek(LitStr) {
         let lit: LitStr = input.parse()?;
         return match lit.value().as_str() {
-            "body" => Ok((Fingerprint::Body, lit.span())),
-            "none" => Ok((Fingerprint::None, lit.span())),
+            "request" => Ok((Fingerprint::Request, lit.span())),
+            "method_and_route" => Ok((Fingerprint::MethodAndRoute, lit.span())),
             other => Err(syn::Error::new(
                 lit.span(),
                 format!(
-                    "unknown fingerprint {other:?}: write \"body\" (method, route, query and \
-                     body), \"none\" (method and route only) or a list of JSON pointers, such as \
-                     [\"/amount\", \"/currency\"]"
+                    "unknown fingerprint {other:?}: write \"request\" (method, route, query and \
+                     body), \"method_and_route\" (method, route and path parameters only) or a \
+                     list of JSON pointers, such as [\"/amount\", \"/currency\"]"
                 ),
             )),
         };
@@ -446,7 +451,7 @@ mod tests {
     fn parses_every_argument() {
         let args = Args::parse(quote!(
             key = "pay:{tenant}:{body:/payment_no}",
-            ttl = "24h",
+            retention = "24h",
             lease = "1m 30s",
             required = false,
             in_flight = "wait(5s)",
@@ -458,10 +463,12 @@ mod tests {
             args.key.template.as_str(),
             "pay:{tenant}:{body:/payment_no}"
         );
-        assert_eq!(args.ttl, Some(Duration::from_secs(86_400)));
+        assert_eq!(args.retention, Some(Duration::from_secs(86_400)));
         assert_eq!(args.lease, Some(Duration::from_secs(90)));
         assert_eq!(args.required, Some(false));
-        assert!(matches!(args.in_flight, Some(InFlight::Wait(d)) if d == Duration::from_secs(5)));
+        assert!(
+            matches!(args.in_flight, Some(InFlightPolicy::Wait(d)) if d == Duration::from_secs(5))
+        );
         assert!(matches!(&args.fingerprint, Some(Fingerprint::JsonFields(p)) if p.len() == 2));
         assert!(args.shared_across_callers);
         assert!(!args.transactional);
@@ -469,7 +476,10 @@ mod tests {
 
     #[test]
     fn suggests_the_argument_meant() {
-        assert!(error(quote!(key = "a:{path:id}", tll = "1h")).contains("did you mean `ttl`?"));
+        assert!(
+            error(quote!(key = "a:{path:id}", retntion = "1h"))
+                .contains("did you mean `retention`?")
+        );
         assert!(!error(quote!(key = "a:{path:id}", color = "1h")).contains("did you mean"));
     }
 
@@ -490,10 +500,21 @@ mod tests {
     fn rejects_bad_values() {
         for (attr, expected) in [
             (
-                quote!(key = "a:{path:id}", ttl = 5),
+                quote!(key = "a:{path:id}", retention = 5),
                 "as a string with a unit",
             ),
-            (quote!(key = "a:{path:id}", ttl = "0s"), "longer than zero"),
+            (
+                quote!(key = "a:{path:id}", retention = "0s"),
+                "longer than zero",
+            ),
+            (
+                quote!(key = "a:{path:id}", ttl = "1h"),
+                "`ttl` is called `retention`",
+            ),
+            (
+                quote!(key = "a:{path:id}", fingerprint = "body"),
+                "unknown fingerprint",
+            ),
             (
                 quote!(key = "a:{path:id}", required = "no"),
                 "`true` or `false`",
@@ -524,7 +545,7 @@ mod tests {
                 quote!(key = "a:{path:id}", shared_across_callers = "yes"),
                 "`shared_across_callers` takes `true` or `false`",
             ),
-            (quote!(ttl = "1h"), "missing `key`"),
+            (quote!(retention = "1h"), "missing `key`"),
         ] {
             let message = error(attr.clone());
             assert!(message.contains(expected), "{attr}: {message}");

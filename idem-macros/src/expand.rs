@@ -9,7 +9,7 @@ use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Attribute, FnArg, Item, ItemFn, ReturnType, Safety, Type};
 
-use crate::attr::{Args, Fingerprint, InFlight};
+use crate::attr::{Args, Fingerprint, InFlightPolicy};
 
 /// The whole expansion, or every error found in the arguments and the
 /// function together.
@@ -291,9 +291,9 @@ fn handler_impl(
 
     let key = &args.key.lit;
     let mut settings = TokenStream::new();
-    if let Some(ttl) = args.ttl {
-        let ttl = duration(ttl);
-        settings.extend(quote_spanned!(span=> .retention(#ttl)));
+    if let Some(retention) = args.retention {
+        let retention = duration(retention);
+        settings.extend(quote_spanned!(span=> .retention(#retention)));
     }
     if let Some(lease) = args.lease {
         let lease = duration(lease);
@@ -304,18 +304,20 @@ fn handler_impl(
     }
     if let Some(in_flight) = &args.in_flight {
         let in_flight = match in_flight {
-            InFlight::Reject => quote_spanned!(span=> #p::InFlight::Reject),
-            InFlight::Wait(wait) => {
+            InFlightPolicy::Reject => quote_spanned!(span=> #p::InFlightPolicy::Reject),
+            InFlightPolicy::Wait(wait) => {
                 let wait = duration(*wait);
-                quote_spanned!(span=> #p::InFlight::Wait(#wait))
+                quote_spanned!(span=> #p::InFlightPolicy::Wait(#wait))
             }
         };
         settings.extend(quote_spanned!(span=> .in_flight(#in_flight)));
     }
     if let Some(fingerprint) = &args.fingerprint {
         let spec = match fingerprint {
-            Fingerprint::Body => quote_spanned!(span=> #p::FingerprintSpec::Request),
-            Fingerprint::None => quote_spanned!(span=> #p::FingerprintSpec::MethodAndRoute),
+            Fingerprint::Request => quote_spanned!(span=> #p::FingerprintSpec::Request),
+            Fingerprint::MethodAndRoute => {
+                quote_spanned!(span=> #p::FingerprintSpec::MethodAndRoute)
+            }
             Fingerprint::JsonFields(pointers) => {
                 quote_spanned!(span=> #p::json_fields(&[#(#pointers),*]))
             }

@@ -29,7 +29,7 @@ use proc_macro::TokenStream;
 ///   `{user}` need the matching resolver on the handle: without it, requests
 ///   to the handler get a 500 `urn:idem:problem:misconfigured` problem (and
 ///   an error log) and the function does not run.
-/// - `ttl = "24h"`: how long a completed response is replayed
+/// - `retention = "24h"`: how long a completed response is replayed
 ///   (`IdempotencyLayer::retention`); the handle's retention (24 h) if unset.
 /// - `lease = "30s"`: how long a first attempt holds its key before a
 ///   duplicate may take it over (`IdempotencyLayer::lease`). The layer
@@ -45,11 +45,13 @@ use proc_macro::TokenStream;
 ///   wait up to that long and replay the first's response (waiting holds
 ///   no database connection, in transactional mode too). The handle's
 ///   policy (reject) if unset.
-/// - `fingerprint = "body"` (the default), `"none"` or a list of JSON
-///   pointers such as `["/amount", "/currency"]`: what must match for a
-///   duplicate to be replayed rather than answered 422. `"body"` covers
-///   method, route, path parameters, query and the whole body (JSON
-///   canonicalised); `"none"` covers method, route and path parameters
+/// - `fingerprint = "request"` (the default), `"method_and_route"` or a
+///   list of JSON pointers such as `["/amount", "/currency"]`
+///   (`FingerprintSpec::Request`, `FingerprintSpec::MethodAndRoute`,
+///   `FingerprintSpec::JsonFields`): what must match for a duplicate to be
+///   replayed rather than answered 422. `"request"` covers method, route,
+///   path parameters, query and the whole body (JSON canonicalised);
+///   `"method_and_route"` covers method, route and path parameters
 ///   only; a list covers method, route, path parameters, query and
 ///   just those body fields, for bodies with volatile fields such as a
 ///   client timestamp.
@@ -91,7 +93,7 @@ use proc_macro::TokenStream;
 /// that does not parse, a template with a syntax error, an unknown
 /// placeholder or no per-request placeholder (a constant key such as
 /// `"idempotent:pay"` would make every user share one key), `{body:...}` in
-/// the key with `fingerprint = "none"`; a function that is not `async`, is generic, or is a
+/// the key with `fingerprint = "method_and_route"`; a function that is not `async`, is generic, or is a
 /// method taking `self`; an extractor that reads the request body (`Json`,
 /// `Form`, `String`, `Bytes`, `Request`, `Multipart`, ...) anywhere but last,
 /// or two of them; a `Tx` argument on a handler without `transactional`; and
@@ -153,7 +155,7 @@ use proc_macro::TokenStream;
 /// }
 ///
 /// /// Creates an order, once per `Idempotency-Key` and caller.
-/// #[idempotent(key = "order-create:{header:idempotency-key}", ttl = "24h")]
+/// #[idempotent(key = "order-create:{header:idempotency-key}", retention = "24h")]
 /// async fn create_order(State(_state): State<AppState>, Json(order): Json<Value>) -> (StatusCode, Json<Value>) {
 ///     (StatusCode::CREATED, Json(json!({ "order": order })))
 /// }
@@ -163,7 +165,7 @@ use proc_macro::TokenStream;
 /// /// sends it.
 /// #[idempotent(
 ///     key = "pay-callback:{path:payment_no}",
-///     fingerprint = "none",
+///     fingerprint = "method_and_route",
 ///     in_flight = "wait(5s)",
 ///     shared_across_callers
 /// )]

@@ -69,7 +69,7 @@
 //! use axum::{Json, Router, http::StatusCode, routing::post};
 //! use idem_tower::{Idempotency, MemoryStore, idempotent};
 //!
-//! #[idempotent(key = "order-create:{header:idempotency-key}", ttl = "24h")]
+//! #[idempotent(key = "order-create:{header:idempotency-key}", retention = "24h")]
 //! async fn create_order(Json(order): Json<serde_json::Value>) -> (StatusCode, Json<serde_json::Value>) {
 //!     (StatusCode::CREATED, Json(order))
 //! }
@@ -124,10 +124,10 @@
 //! - A duplicate never holds a connection while the first runs: it learns
 //!   "in flight" from memory (same process) or from one non-blocking
 //!   statement (another process), and answers 409, or under
-//!   [`InFlight::Wait`] waits outside the pool and replays once the first
+//!   [`InFlightPolicy::Wait`] waits outside the pool and replays once the first
 //!   has committed.
 //! - At most half the pool is held by open claims
-//!   (`SqlStore::max_transactions`); a first request past that waits for
+//!   (`SqlStoreBuilder::max_transactions`); a first request past that waits for
 //!   its turn without a connection, so reads through the pool always find
 //!   one. Size the pool for twice the first requests you want running at
 //!   once.
@@ -144,7 +144,7 @@
 //! (`idem_lease_renewals_total{result, route}`: `ok`, `failed`, `lost`)
 //! through the [metrics] facade: install any recorder, such as
 //! `metrics-exporter-prometheus`. The keys duplicates
-//! hit most come from [`Idempotency::top_collisions`]. Spans and events go
+//! hit most come from [`Idempotency::top_duplicated_keys`]. Spans and events go
 //! through `tracing`, with keys as short hashes, never request bodies.
 //!
 //! [metrics]: https://docs.rs/metrics
@@ -170,7 +170,8 @@
 #[cfg(feature = "axum")]
 mod axum;
 mod body;
-mod collisions;
+mod builder;
+mod duplicated;
 mod guard;
 mod idempotency;
 pub mod layer;
@@ -185,13 +186,9 @@ mod route;
 ))]
 mod tx;
 
-pub use body::ResponseBody;
-pub use collisions::{Collision, TRACKED_KEYS};
-pub use idempotency::{
-    DEFAULT_IN_FLIGHT_RETRY_AFTER, DEFAULT_LEASE, DEFAULT_MAX_BODY, DEFAULT_MAX_STORED_RESPONSE,
-    DEFAULT_REPLAY_HEADERS, DEFAULT_RETENTION, Idempotency, IdempotencyBuilder, InFlight, KeepFn,
-    keep_deterministic,
-};
+pub use builder::{FinalStatusFn, IdempotencyBuilder, InFlightPolicy, final_if_deterministic};
+pub use duplicated::DuplicatedKey;
+pub use idempotency::Idempotency;
 pub use layer::{IdempotencyLayer, IdempotencyService};
 pub use problem::Problem;
 pub use ran::HandlerRan;
@@ -217,12 +214,14 @@ pub use idem_core::sql::MySqlStore;
 pub use idem_core::sql::PgStore;
 #[cfg(feature = "sqlite")]
 pub use idem_core::sql::SqliteStore;
-pub use idem_core::{
-    Error, ErrorKind, FingerprintSpec, IdempotencyStore, KeyError, KeyTemplate, Outcome,
-    StoredResponse, TemplateError,
-};
+pub use idem_core::{Error, ErrorKind, FingerprintSpec, KeyTemplate};
 #[cfg(feature = "redis")]
 pub use idem_core::{redis::RedisStore, tiered::TieredStore};
+
+/// What a store author needs: the [`IdempotencyStore`](store::IdempotencyStore)
+/// contract, its type-erased form, transactional mode and the values they
+/// exchange (re-exported from idem-core).
+pub use idem_core::store;
 
 /// The core crate, for store authors and lower-level use.
 #[doc(inline)]
@@ -236,6 +235,3 @@ pub use idem_macros::idempotent;
 #[doc(hidden)]
 #[path = "private.rs"]
 pub mod __private;
-
-/// The header set on replayed responses.
-pub const REPLAYED_HEADER: http::HeaderName = http::HeaderName::from_static("idempotent-replayed");

@@ -28,7 +28,7 @@ pub use core::result::Result::{Err, Ok};
 pub use std::boxed::Box;
 pub use std::time::Duration;
 
-pub use crate::{FingerprintSpec, Idempotency, IdempotencyLayer, InFlight};
+pub use crate::{FingerprintSpec, Idempotency, IdempotencyLayer, InFlightPolicy};
 
 /// The `T` of an annotated handler's `Handler<T, S>` impl. `M` is the last
 /// extractor's `FromRequest` marker, threaded through so the impl is not

@@ -20,7 +20,8 @@ use futures_util::{FutureExt, StreamExt};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use idem_core::{Claim, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
-use idem_tower::{Idempotency, IdempotencyStore, InFlight, MemoryStore, Resolver};
+use idem_tower::store::IdempotencyStore;
+use idem_tower::{Idempotency, InFlightPolicy, MemoryStore, Resolver};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt, service_fn};
 
 const KEY_HEADER: &str = "idempotency-key";
@@ -447,7 +448,7 @@ async fn waiting_duplicates_all_receive_the_replayed_success() {
         created(n)
     });
     let idem = Idempotency::builder(MemoryStore::new())
-        .in_flight(InFlight::Wait(Duration::from_secs(5)))
+        .in_flight(InFlightPolicy::Wait(Duration::from_secs(5)))
         .build();
     let service = idem.layer().layer(inner);
 
@@ -472,7 +473,7 @@ async fn layer_in_flight_setting_overrides_the_handle() {
     // The handle rejects duplicates at once; this route waits instead.
     let service = Idempotency::new(MemoryStore::new())
         .layer()
-        .in_flight(InFlight::Wait(Duration::from_secs(5)))
+        .in_flight(InFlightPolicy::Wait(Duration::from_secs(5)))
         .layer(inner);
 
     let first = tokio::spawn({
@@ -954,7 +955,7 @@ fn tenant_scoped(
     template: &str,
 ) -> impl Service<
     Request<Body>,
-    Response = Response<idem_tower::ResponseBody<Full<Bytes>>>,
+    Response = Response<idem_tower::layer::ResponseBody<Full<Bytes>>>,
     Error = Infallible,
     Future: Send + 'static,
 > + Clone
@@ -2257,7 +2258,7 @@ async fn a_handler_running_three_leases_long_keeps_its_claim() {
     assert_eq!(count(&calls), 1, "three leases long, one run");
 }
 
-/// A duplicate that waits (`InFlight::Wait`) for a handler running three
+/// A duplicate that waits (`InFlightPolicy::Wait`) for a handler running three
 /// leases long waits it out and replays its response: the renewals keep it
 /// from taking the key over when the first lease would have ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -2269,7 +2270,7 @@ async fn a_waiting_duplicate_outwaits_a_handler_three_leases_long_and_replays() 
     });
     let idem = Idempotency::builder(MemoryStore::new())
         .lease(RENEWED_LEASE)
-        .in_flight(InFlight::Wait(Duration::from_secs(5)))
+        .in_flight(InFlightPolicy::Wait(Duration::from_secs(5)))
         .build();
     let service = idem.layer().layer(inner);
     let request = || post("/orders", Some("k-renewed-wait"), ORDER);

@@ -136,7 +136,10 @@ impl IntoResponse for AppError {
     }
 }
 
-#[idempotent(key = "order-create:{tenant}:{header:idempotency-key}", ttl = "24h")]
+#[idempotent(
+    key = "order-create:{tenant}:{header:idempotency-key}",
+    retention = "24h"
+)]
 async fn create_order(
     State(calls): State<Calls>,
     AuthUser(user): AuthUser,
@@ -161,7 +164,7 @@ async fn charge(
     Ok((StatusCode::CREATED, format!("charge {run}")))
 }
 
-#[idempotent(key = "short:{header:idempotency-key}", ttl = "1s")]
+#[idempotent(key = "short:{header:idempotency-key}", retention = "1s")]
 async fn short_lived(State(calls): State<Calls>) -> String {
     format!("run {}", calls.run())
 }
@@ -281,7 +284,10 @@ pub mod payments {
 
     /// A payment platform's callback: the payment number is the key, and
     /// retries with other bodies are still the same callback.
-    #[idempotent(key = "pay-callback:{path:payment_no}", fingerprint = "none")]
+    #[idempotent(
+        key = "pay-callback:{path:payment_no}",
+        fingerprint = "method_and_route"
+    )]
     pub async fn callback(
         State(calls): State<Calls>,
         Path(payment_no): Path<String>,
@@ -293,7 +299,7 @@ pub mod payments {
 
     #[idempotent(
         key = "refund:{path:payment_no}:{body:/refund_no}",
-        fingerprint = "body"
+        fingerprint = "request"
     )]
     pub(crate) async fn refund(
         State(calls): State<Calls>,
@@ -571,7 +577,7 @@ async fn a_path_keyed_callback_credits_once_per_payment() {
 
     let first = send(&app, callback("P-1", json!({ "status": "PAID" }))).await;
     assert_eq!(first.json(), json!({ "payment_no": "P-1", "credit": 1 }));
-    // fingerprint = "none": a re-push with another body is the same callback.
+    // fingerprint = "method_and_route": a re-push with another body is the same callback.
     let again = send(&app, callback("P-1", json!({ "status": "PAID", "ts": 2 }))).await;
     assert!(again.replayed());
     assert_eq!(again.json(), first.json());

@@ -88,7 +88,7 @@ async fn metrics_count_requests_by_outcome_and_route_and_the_most_collided_keys(
 
     let storm_key = format!("order-create:{}:ann:storm", h.unique("m"));
     assert_eq!(
-        value(&text, "idem_key_collisions", &[("key", &storm_key)]),
+        value(&text, "idem_key_duplicates", &[("key", &storm_key)]),
         Some(10.0),
         "{text}"
     );

@@ -15,7 +15,7 @@ use axum::{Json, Router};
 use http::StatusCode;
 use idem_tests::Backend;
 use idem_tower::core::sql::sqlx::{self, PgPool, Postgres, postgres::PgPoolOptions};
-use idem_tower::{Idempotency, InFlight, PgStore, Tx};
+use idem_tower::{Idempotency, InFlightPolicy, PgStore, Tx};
 
 const HANDLER: Duration = Duration::from_millis(500);
 
@@ -57,14 +57,14 @@ async fn unrelated(State(storm): State<Storm>) -> Result<&'static str, StatusCod
 
 /// One app instance on its own pool of 4; its address.
 async fn instance(url: &str, runs: &Arc<AtomicUsize>) -> String {
-    instance_with(url, runs, 4, InFlight::Reject).await
+    instance_with(url, runs, 4, InFlightPolicy::Reject).await
 }
 
 async fn instance_with(
     url: &str,
     runs: &Arc<AtomicUsize>,
     pool_size: u32,
-    in_flight: InFlight,
+    in_flight: InFlightPolicy,
 ) -> String {
     let pool = PgPoolOptions::new()
         .max_connections(pool_size)
@@ -243,7 +243,7 @@ async fn duplicates_hold_no_connection_while_the_first_runs() {
     }
 }
 
-/// Under `InFlight::Wait`, duplicates wait for the first outside the pool
+/// Under `InFlightPolicy::Wait`, duplicates wait for the first outside the pool
 /// and replay it: on a pool of 2 (one open claim at a time), ten waiting
 /// duplicates leave the first's handler its second connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -253,7 +253,13 @@ async fn waiting_duplicates_replay_without_holding_connections() {
     };
     let setup = effects_table(&url).await;
     let runs = Arc::new(AtomicUsize::new(0));
-    let app = instance_with(&url, &runs, 2, InFlight::Wait(Duration::from_secs(10))).await;
+    let app = instance_with(
+        &url,
+        &runs,
+        2,
+        InFlightPolicy::Wait(Duration::from_secs(10)),
+    )
+    .await;
     let key = format!("{}-wait", idem_tests::nonce());
     let client = reqwest::Client::new();
     let barrier = Arc::new(tokio::sync::Barrier::new(11));

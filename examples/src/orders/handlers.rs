@@ -204,13 +204,13 @@ pub(crate) async fn metrics(State(app): State<App>) -> Response {
     // The keys duplicates hit most, from idem's bounded table: at most ten
     // series, each a key's first 64 characters and its duplicates so far.
     body.push_str(
-        "# HELP idem_key_collisions Duplicates seen per key since start (an upper bound), top ten keys.\n\
-         # TYPE idem_key_collisions gauge\n",
+        "# HELP idem_key_duplicates Duplicates seen per key since start (an upper bound), top ten keys.\n\
+         # TYPE idem_key_duplicates gauge\n",
     );
-    for top in app.idem.top_collisions(10) {
+    for top in app.idem.top_duplicated_keys(10) {
         let key = top.key.replace('\\', "\\\\").replace('"', "\\\"");
         body.push_str(&format!(
-            "idem_key_collisions{{key=\"{key}\"}} {}\n",
+            "idem_key_duplicates{{key=\"{key}\"}} {}\n",
             top.count
         ));
     }

@@ -29,9 +29,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use idem_tower::core::redis::redis::aio::ConnectionManager;
 use idem_tower::core::tiered::TierCounters;
+use idem_tower::store::IdempotencyStore;
 use idem_tower::{
-    Idempotency, IdempotencyBuilder, IdempotencyStore, MemoryStore, MySqlStore, PgStore,
-    RedisStore, Resolver, SqliteStore, TieredStore,
+    Idempotency, IdempotencyBuilder, MemoryStore, MySqlStore, PgStore, RedisStore, Resolver,
+    SqliteStore, TieredStore,
 };
 use metrics_exporter_prometheus::PrometheusHandle;
 

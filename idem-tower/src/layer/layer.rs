@@ -7,7 +7,7 @@ use tower::Layer;
 
 use super::IdempotencyService;
 use crate::route::RoutePattern;
-use crate::{Idempotency, InFlight};
+use crate::{Idempotency, InFlightPolicy};
 
 /// One route's idempotency settings; unset ones fall back to the handle's.
 #[derive(Debug, Clone)]
@@ -17,7 +17,7 @@ pub(crate) struct Policy {
     pub(crate) required: bool,
     pub(crate) lease: Option<Duration>,
     pub(crate) retention: Option<Duration>,
-    pub(crate) in_flight: Option<InFlight>,
+    pub(crate) in_flight: Option<InFlightPolicy>,
     pub(crate) route: Option<RoutePattern>,
     pub(crate) transactional: bool,
     pub(crate) scope: KeyScope,
@@ -101,7 +101,7 @@ impl IdempotencyLayer {
     /// duplicate holds nothing while it waits (no database connection, no
     /// lock): it checks again now and then, and replays the first's
     /// response once it is stored.
-    pub fn in_flight(mut self, in_flight: InFlight) -> Self {
+    pub fn in_flight(mut self, in_flight: InFlightPolicy) -> Self {
         self.policy().in_flight = Some(in_flight);
         self
     }
@@ -172,7 +172,7 @@ impl IdempotencyLayer {
     ///
     /// A duplicate that arrives while the first transaction is open learns
     /// it at once, without waiting on the first's row (see the crate docs,
-    /// "Transactional mode"): 409, or under [`InFlight::Wait`] a wait that
+    /// "Transactional mode"): 409, or under [`InFlightPolicy::Wait`] a wait that
     /// holds no connection, then the replay of what the first committed.
     /// A crashed first request's key is free as soon as the database has
     /// rolled its transaction back, behind the Redis gate too.

@@ -6,10 +6,10 @@
 //!
 //! | situation | response |
 //! |---|---|
-//! | first request | the service's response, stored if final (see [`keep_deterministic`](crate::keep_deterministic)) |
+//! | first request | the service's response, stored if final (see [`final_if_deterministic`](crate::final_if_deterministic)) |
 //! | duplicate of a completed request | the stored status, body and allow-listed headers, plus `Idempotent-Replayed: true` |
 //! | same key, different request | 422 |
-//! | duplicate while the first runs | 409 + `Retry-After`, or wait and replay ([`InFlight::Wait`](crate::InFlight::Wait)) |
+//! | duplicate while the first runs | 409 + `Retry-After`, or wait and replay ([`InFlightPolicy::Wait`](crate::InFlight::Wait)) |
 //! | key missing / malformed / repeated | 400 |
 //! | body over the cap | 413 |
 //! | store unavailable | 503 + `Retry-After`; the service is not called |
@@ -52,6 +52,7 @@ mod future;
 mod layer;
 mod service;
 
+pub use crate::body::ResponseBody;
 pub use future::ResponseFuture;
 pub use layer::IdempotencyLayer;
 pub(crate) use layer::Policy;

@@ -25,7 +25,7 @@ use crate::guard::ClaimGuard;
 use crate::metrics::{self, Renewal, RequestOutcome};
 use crate::problem::Problem;
 use crate::resolver::Unresolved;
-use crate::{HandlerRan, InFlight, REPLAYED_HEADER};
+use crate::{HandlerRan, Idempotency, InFlightPolicy};
 
 /// How often a completion that failed on a store error is tried in all.
 const COMPLETE_ATTEMPTS: u32 = 3;
@@ -566,7 +566,7 @@ fn decide<B: Body>(
     if let Some(outcome) = outcome {
         metrics::request(outcome, route);
         if outcome.is_collision() {
-            layer.idem.config.collisions.record(key.composite());
+            layer.idem.config.duplicated.record(key.composite());
         }
     }
     match claim {
@@ -728,7 +728,7 @@ async fn claim(layer: &IdempotencyLayer, target: &Target) -> Result<Claim, idem_
 }
 
 /// How long a duplicate may still wait for the first attempt to finish,
-/// under [`InFlight::Wait`]. Waiting holds nothing: no connection, no lock.
+/// under [`InFlightPolicy::Wait`]. Waiting holds nothing: no connection, no lock.
 struct Patience {
     deadline: Option<Instant>,
     pause: Duration,
@@ -741,8 +741,8 @@ impl Patience {
             .in_flight
             .unwrap_or(layer.idem.config.in_flight)
         {
-            InFlight::Reject => None,
-            InFlight::Wait(wait) => Some(Instant::now() + wait),
+            InFlightPolicy::Reject => None,
+            InFlightPolicy::Wait(wait) => Some(Instant::now() + wait),
         };
         Self {
             deadline,
@@ -776,9 +776,10 @@ fn replay<B: Body>(stored: StoredResponse) -> Response<ResponseBody<B>> {
     let mut response = Response::new(ResponseBody::full(body));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
-    response
-        .headers_mut()
-        .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+    response.headers_mut().insert(
+        Idempotency::REPLAYED_HEADER,
+        HeaderValue::from_static("true"),
+    );
     response
 }
 
@@ -845,7 +846,7 @@ where
              handler's; mark the handler's responses with HandlerRan"
         );
     }
-    if !(config.keep)(status) {
+    if !(config.final_status)(status) {
         return Classified::NotFinal(response.map(ResponseBody::inner));
     }
     let (parts, body) = response.into_parts();

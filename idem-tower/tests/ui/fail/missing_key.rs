@@ -1,6 +1,6 @@
 use idem_tower::idempotent;
 
-#[idempotent(ttl = "24h")]
+#[idempotent(retention = "24h")]
 async fn create_order() {}
 
 fn main() {}

@@ -14,11 +14,11 @@ use serde_json::Value;
 
 #[idempotent(
     key = "pay:{path:payment_no}",
-    ttl = "7days",
+    retention = "7days",
     lease = "1m 30s",
     required = true,
     in_flight = "wait(5s)",
-    fingerprint = "none"
+    fingerprint = "method_and_route"
 )]
 async fn pay(Path(_payment_no): Path<String>) -> StatusCode {
     StatusCode::OK
@@ -27,7 +27,7 @@ async fn pay(Path(_payment_no): Path<String>) -> StatusCode {
 #[idempotent(
     key = "refund:{body:/refund_no}",
     in_flight = "reject",
-    fingerprint = "body"
+    fingerprint = "request"
 )]
 async fn refund(Json(body): Json<Value>) -> impl IntoResponse {
     Json(body)
@@ -38,7 +38,7 @@ async fn transfer(Json(body): Json<Value>) -> Json<Value> {
     Json(body)
 }
 
-#[idempotent(key = "search:{query:ref}", required = false, ttl = "10m")]
+#[idempotent(key = "search:{query:ref}", required = false, retention = "10m")]
 async fn search(Query(params): Query<HashMap<String, String>>, idem: Idempotency) -> String {
     format!("{} {}", params.len(), idem.key_header())
 }

@@ -8,7 +8,7 @@ use idem_tower::{Idempotency, MemoryStore, idempotent};
 
 #[idempotent(
     key = "pay-callback:{path:payment_no}",
-    fingerprint = "none",
+    fingerprint = "method_and_route",
     shared_across_callers
 )]
 async fn callback(Path(payment_no): Path<String>) -> String {

@@ -1,4 +1,5 @@
-//! The keys that collide most: a retry storm, or a client that reuses keys.
+//! The keys duplicates hit most: a retry storm, or a client that reuses
+//! keys.
 //!
 //! Space-Saving (Metwally et al.): a fixed number of slots, so memory is
 //! bounded whatever the traffic; a key seen often enough is always in it,
@@ -7,15 +8,16 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-/// How many keys are tracked.
-pub const TRACKED_KEYS: usize = 128;
+/// How many keys are tracked: [`Idempotency::TRACKED_KEYS`](crate::Idempotency::TRACKED_KEYS).
+pub(crate) const TRACKED_KEYS: usize = 128;
 /// How much of a key is kept (keys carry tenant and user ids; the start,
 /// with the operation's scope, is what an operator needs).
 const KEY_LABEL_LEN: usize = 64;
 
-/// One key and how often duplicates hit it.
+/// One key and how often duplicates hit it: see
+/// [`Idempotency::top_duplicated_keys`](crate::Idempotency::top_duplicated_keys).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Collision {
+pub struct DuplicatedKey {
     /// The start of the composite key, such as `order-create:acme:u-7:8e03`.
     pub key: String,
     /// Duplicates seen for it (an upper bound).
@@ -23,11 +25,11 @@ pub struct Collision {
 }
 
 #[derive(Debug, Default)]
-pub(crate) struct Collisions {
+pub(crate) struct DuplicatedKeys {
     slots: Mutex<HashMap<String, u64>>,
 }
 
-impl Collisions {
+impl DuplicatedKeys {
     pub(crate) fn record(&self, composite: &str) {
         let label = label(composite);
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
@@ -50,11 +52,11 @@ impl Collisions {
         slots.insert(label.to_owned(), floor + 1);
     }
 
-    pub(crate) fn top(&self, n: usize) -> Vec<Collision> {
+    pub(crate) fn top(&self, n: usize) -> Vec<DuplicatedKey> {
         let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        let mut top: Vec<Collision> = slots
+        let mut top: Vec<DuplicatedKey> = slots
             .iter()
-            .map(|(key, count)| Collision {
+            .map(|(key, count)| DuplicatedKey {
                 key: key.clone(),
                 count: *count,
             })
@@ -79,7 +81,7 @@ mod tests {
 
     #[test]
     fn heavy_hitters_survive_a_flood_of_one_off_keys() {
-        let c = Collisions::default();
+        let c = DuplicatedKeys::default();
         for round in 0..50 {
             c.record("storm:acme:key-1");
             c.record("storm:acme:key-2");
@@ -97,7 +99,7 @@ mod tests {
 
     #[test]
     fn labels_are_truncated() {
-        let c = Collisions::default();
+        let c = DuplicatedKeys::default();
         c.record(&"k".repeat(500));
         assert_eq!(c.top(1)[0].key.len(), KEY_LABEL_LEN);
         c.record(&"é".repeat(100));
