@@ -22,19 +22,18 @@
 //!
 //! Run it: `cargo run -p idem-examples --bin consumer -- --help`.
 
+mod ledger;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::placeholders::positional;
-use crate::sql_pool::SqlPool;
 use async_nats::jetstream::{self, AckKind, consumer::pull, stream};
 use futures_util::StreamExt;
-use idem_tower::core::guards::{GuardDb, Inbox, ProcessError, Processed};
-use idem_tower::core::sql::sqlx::{
-    self, AssertSqlSafe, MySql, MySqlPool, PgPool, Postgres, Sqlite, SqlitePool,
-    mysql::MySqlConnection, postgres::PgConnection, sqlite::SqliteConnection,
-};
+use idem_tower::core::guards::{Inbox, ProcessError, Processed};
+use idem_tower::core::sql::sqlx::Pool;
 use serde::{Deserialize, Serialize};
+
+pub use ledger::{Ledger, LedgerSql, Summary};
 
 /// Anything that went wrong.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -76,195 +75,6 @@ pub struct Settings {
     pub chaos_fail_percent: u8,
     /// Chaos: how long a handler sleeps between its writes and its commit.
     pub chaos_delay: Duration,
-}
-
-/// The ledger database: accounts, ledger entries and the inbox.
-#[derive(Debug, Clone)]
-pub enum Ledger {
-    /// PostgreSQL.
-    Postgres(PgPool),
-    /// MySQL or MariaDB.
-    MySql(MySqlPool),
-    /// A SQLite file.
-    Sqlite(SqlitePool),
-}
-
-/// What the ledger holds for a set of accounts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Summary {
-    /// Ledger entries.
-    pub entries: i64,
-    /// Distinct transfers among them.
-    pub transfers: i64,
-    /// The sum of the entries.
-    pub credited_cents: i64,
-    /// The sum of the accounts' balances.
-    pub balance_cents: i64,
-}
-
-/// The ledger's statements, once per database (concrete connection types,
-/// no higher-ranked executor bounds).
-pub trait LedgerSql: GuardDb {
-    /// Creates the ledger tables if missing.
-    fn migrate(pool: &sqlx::Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
-    /// Books `transfer`: a ledger entry and a relative balance update (safe
-    /// only because the inbox runs it once).
-    fn credit(
-        conn: &mut Self::Connection,
-        transfer: &Transfer,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
-    /// The ledger of accounts whose name starts with `prefix`.
-    fn summary(
-        pool: &sqlx::Pool<Self>,
-        prefix: &str,
-    ) -> impl Future<Output = Result<Summary, sqlx::Error>> + Send;
-}
-
-const SUMMARY: &str = "SELECT \
-    (SELECT COUNT(*) FROM consumer_ledger WHERE account LIKE $1), \
-    (SELECT COUNT(DISTINCT transfer_id) FROM consumer_ledger WHERE account LIKE $1), \
-    (SELECT CAST(COALESCE(SUM(amount_cents), 0) AS BIGINT) FROM consumer_ledger WHERE account LIKE $1), \
-    (SELECT CAST(COALESCE(SUM(balance_cents), 0) AS BIGINT) FROM consumer_accounts WHERE account LIKE $1)";
-
-macro_rules! ledger_sql {
-    ($db:ty, $conn:ty, $schema:expr, $params:expr, $upsert:expr) => {
-        impl LedgerSql for $db {
-            async fn migrate(pool: &sqlx::Pool<Self>) -> Result<(), sqlx::Error> {
-                sqlx::raw_sql($schema).execute(pool).await.map(drop)
-            }
-
-            async fn credit(conn: &mut $conn, t: &Transfer) -> Result<(), sqlx::Error> {
-                sqlx::query(AssertSqlSafe($params(
-                    "INSERT INTO consumer_ledger (transfer_id, account, amount_cents) \
-                     VALUES ($1, $2, $3)",
-                )))
-                .bind(&t.transfer_id)
-                .bind(&t.account)
-                .bind(t.amount_cents)
-                .execute(&mut *conn)
-                .await?;
-                sqlx::query(AssertSqlSafe($params($upsert)))
-                    .bind(&t.account)
-                    .bind(t.amount_cents)
-                    .execute(&mut *conn)
-                    .await
-                    .map(drop)
-            }
-
-            async fn summary(
-                pool: &sqlx::Pool<Self>,
-                prefix: &str,
-            ) -> Result<Summary, sqlx::Error> {
-                let pattern = format!("{prefix}%");
-                let mut query =
-                    sqlx::query_as::<_, (i64, i64, i64, i64)>(AssertSqlSafe($params(SUMMARY)));
-                // MySQL's `?` takes one value per occurrence.
-                for _ in 0..$params(SUMMARY).matches('?').count().max(1) {
-                    query = query.bind(pattern.clone());
-                }
-                let (entries, transfers, credited_cents, balance_cents) =
-                    query.fetch_one(pool).await?;
-                Ok(Summary {
-                    entries,
-                    transfers,
-                    credited_cents,
-                    balance_cents,
-                })
-            }
-        }
-    };
-}
-
-const POSTGRES_SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS consumer_accounts (
-    account TEXT PRIMARY KEY, balance_cents BIGINT NOT NULL);
-CREATE TABLE IF NOT EXISTS consumer_ledger (
-    entry_id BIGSERIAL PRIMARY KEY, transfer_id TEXT NOT NULL, account TEXT NOT NULL,
-    amount_cents BIGINT NOT NULL);
-";
-
-const SQLITE_SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS consumer_accounts (
-    account TEXT PRIMARY KEY, balance_cents INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS consumer_ledger (
-    entry_id INTEGER PRIMARY KEY AUTOINCREMENT, transfer_id TEXT NOT NULL,
-    account TEXT NOT NULL, amount_cents INTEGER NOT NULL);
-";
-
-const MYSQL_SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS consumer_accounts (
-    account VARCHAR(255) PRIMARY KEY, balance_cents BIGINT NOT NULL) ENGINE = InnoDB;
-CREATE TABLE IF NOT EXISTS consumer_ledger (
-    entry_id BIGINT AUTO_INCREMENT PRIMARY KEY, transfer_id VARCHAR(255) NOT NULL,
-    account VARCHAR(255) NOT NULL, amount_cents BIGINT NOT NULL,
-    INDEX consumer_ledger_account (account)) ENGINE = InnoDB;
-";
-
-const RETURNING_UPSERT: &str = "INSERT INTO consumer_accounts (account, balance_cents) \
-     VALUES ($1, $2) ON CONFLICT (account) \
-     DO UPDATE SET balance_cents = consumer_accounts.balance_cents + excluded.balance_cents";
-
-ledger_sql!(
-    Postgres,
-    PgConnection,
-    POSTGRES_SCHEMA,
-    |sql: &str| sql.to_owned(),
-    RETURNING_UPSERT
-);
-ledger_sql!(
-    Sqlite,
-    SqliteConnection,
-    SQLITE_SCHEMA,
-    positional,
-    RETURNING_UPSERT
-);
-ledger_sql!(
-    MySql,
-    MySqlConnection,
-    MYSQL_SCHEMA,
-    |sql: &str| positional(&sql.replace("AS BIGINT", "AS SIGNED")),
-    "INSERT INTO consumer_accounts (account, balance_cents) VALUES ($1, $2) \
-     ON DUPLICATE KEY UPDATE balance_cents = balance_cents + VALUES(balance_cents)"
-);
-
-/// Runs `$body` with `$pool` bound to the ledger's pool and `$db` to its
-/// database type.
-macro_rules! on_ledger {
-    ($ledger:expr, |$pool:ident: $db:ident| $body:expr) => {
-        match $ledger {
-            Ledger::Postgres($pool) => {
-                type $db = Postgres;
-                $body
-            }
-            Ledger::MySql($pool) => {
-                type $db = MySql;
-                $body
-            }
-            Ledger::Sqlite($pool) => {
-                type $db = Sqlite;
-                $body
-            }
-        }
-    };
-}
-
-impl Ledger {
-    /// Connects to `database` (`sqlite://PATH`, `postgres://...` or
-    /// `mysql://...`) and creates the ledger tables if missing.
-    pub async fn connect(database: &str) -> Result<Self, BoxError> {
-        let ledger = match SqlPool::connect(database, 16).await? {
-            SqlPool::Postgres(pool) => Self::Postgres(pool),
-            SqlPool::MySql(pool) => Self::MySql(pool),
-            SqlPool::Sqlite(pool) => Self::Sqlite(pool),
-        };
-        on_ledger!(&ledger, |pool: DB| DB::migrate(pool).await)?;
-        Ok(ledger)
-    }
-
-    /// The ledger of accounts whose name starts with `prefix`.
-    pub async fn summary(&self, prefix: &str) -> Result<Summary, BoxError> {
-        Ok(on_ledger!(self, |pool: DB| DB::summary(pool, prefix).await)?)
-    }
 }
 
 /// Publishes `transfer` to `subject` with message id `message_id`, and waits
@@ -319,24 +129,37 @@ pub async fn run(settings: Settings, ledger: Ledger) -> Result<(), BoxError> {
         .await?
         .messages()
         .await?;
-    let settings = Arc::new(settings);
-    on_ledger!(ledger, |pool: DB| {
-        let inbox = Inbox::<DB>::new(pool, &settings.durable)?;
-        inbox.migrate().await?;
-        eprintln!("consumer ready: {}", settings.durable);
-        consumer
-            .for_each_concurrent(settings.concurrency.max(1), |message| {
-                let (inbox, settings) = (inbox.clone(), settings.clone());
-                async move {
-                    match message {
-                        Ok(message) => handle(&inbox, &settings, message).await,
-                        Err(err) => tracing::warn!(%err, "pulling a message failed"),
-                    }
-                }
-            })
-            .await;
-    });
+    match ledger {
+        Ledger::Postgres(pool) => consume(pool, settings, consumer).await?,
+        Ledger::MySql(pool) => consume(pool, settings, consumer).await?,
+        Ledger::Sqlite(pool) => consume(pool, settings, consumer).await?,
+    }
     Err("the JetStream message stream ended".into())
+}
+
+/// Handles every message of `consumer` through an inbox on `pool`, up to
+/// `settings.concurrency` at once, until the message stream ends.
+async fn consume<DB: LedgerSql>(
+    pool: Pool<DB>,
+    settings: Settings,
+    consumer: pull::Stream,
+) -> Result<(), BoxError> {
+    let inbox = Inbox::<DB>::new(pool, &settings.durable)?;
+    inbox.migrate().await?;
+    eprintln!("consumer ready: {}", settings.durable);
+    let settings = Arc::new(settings);
+    consumer
+        .for_each_concurrent(settings.concurrency.max(1), |message| {
+            let (inbox, settings) = (inbox.clone(), settings.clone());
+            async move {
+                match message {
+                    Ok(message) => handle(&inbox, &settings, message).await,
+                    Err(err) => tracing::warn!(%err, "pulling a message failed"),
+                }
+            }
+        })
+        .await;
+    Ok(())
 }
 
 /// One delivery: through the inbox, then the acknowledgement that matches.

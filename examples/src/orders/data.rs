@@ -1,5 +1,6 @@
 //! Where the app keeps its data: in memory, or in one of the SQL databases
-//! (which then also hold the idempotency records).
+//! (which then also hold the idempotency records), and the `Writer`
+//! `POST /orders` writes through.
 
 use std::sync::Arc;
 
@@ -9,11 +10,11 @@ use axum::response::{IntoResponse, Response};
 use idem_tower::Tx;
 use idem_tower::core::sql::sqlx::{self, MySql, MySqlPool, PgPool, Postgres, Sqlite, SqlitePool};
 
-use crate::sql_pool::SqlPool;
-
-use super::db::{Db, Order, Payment, TransitionError};
-use super::sql::{NewOrder, OrdersSql};
+use super::memory::Db;
+use super::model::{NewOrder, Order, Payment, TransitionError};
+use super::sql::OrdersSql;
 use super::{App, BoxError};
+use crate::sql_pool::SqlPool;
 
 /// The app's data.
 #[derive(Debug, Clone)]
@@ -28,28 +29,6 @@ pub enum Data {
     Sqlite(SqlitePool),
 }
 
-/// Runs `$memory` with the memory database, or `$sql` with `$pool` bound to
-/// the pool and `$db` to its database type.
-macro_rules! on_data {
-    ($data:expr, |$mem:ident| $memory:expr, |$pool:ident: $db:ident| $sql:expr) => {
-        match $data {
-            Data::Memory($mem) => $memory,
-            Data::Postgres($pool) => {
-                type $db = Postgres;
-                $sql
-            }
-            Data::MySql($pool) => {
-                type $db = MySql;
-                $sql
-            }
-            Data::Sqlite($pool) => {
-                type $db = Sqlite;
-                $sql
-            }
-        }
-    };
-}
-
 impl Data {
     /// Connects to `database`: `memory`, `sqlite://PATH` (created if
     /// missing), `postgres://...` or `mysql://...`, and creates the app's
@@ -58,13 +37,20 @@ impl Data {
         if database == "memory" {
             return Ok(Self::Memory(Arc::default()));
         }
-        let data = match SqlPool::connect(database, 64).await? {
-            SqlPool::Postgres(pool) => Self::Postgres(pool),
-            SqlPool::MySql(pool) => Self::MySql(pool),
-            SqlPool::Sqlite(pool) => Self::Sqlite(pool),
-        };
-        on_data!(&data, |_db| Ok(()), |pool: DB| DB::migrate(pool).await)?;
-        Ok(data)
+        Ok(match SqlPool::connect(database, 64).await? {
+            SqlPool::Postgres(pool) => {
+                Postgres::migrate(&pool).await?;
+                Self::Postgres(pool)
+            }
+            SqlPool::MySql(pool) => {
+                MySql::migrate(&pool).await?;
+                Self::MySql(pool)
+            }
+            SqlPool::Sqlite(pool) => {
+                Sqlite::migrate(&pool).await?;
+                Self::Sqlite(pool)
+            }
+        })
     }
 
     /// A user's orders and balance.
@@ -73,9 +59,12 @@ impl Data {
         tenant: &str,
         user: &str,
     ) -> Result<(Vec<Order>, i64), sqlx::Error> {
-        on_data!(self, |db| Ok(db.orders_of(tenant, user)), |pool: DB| {
-            DB::orders_of(pool, tenant, user).await
-        })
+        match self {
+            Self::Memory(db) => Ok(db.orders_of(tenant, user)),
+            Self::Postgres(pool) => Postgres::orders_of(pool, tenant, user).await,
+            Self::MySql(pool) => MySql::orders_of(pool, tenant, user).await,
+            Self::Sqlite(pool) => Sqlite::orders_of(pool, tenant, user).await,
+        }
     }
 
     /// Creates a payment; `false` if the number is taken.
@@ -84,11 +73,12 @@ impl Data {
         payment_no: &str,
         amount_cents: i64,
     ) -> Result<bool, sqlx::Error> {
-        on_data!(
-            self,
-            |db| Ok(db.create_payment(payment_no, amount_cents)),
-            |pool: DB| DB::create_payment(pool, payment_no, amount_cents).await
-        )
+        match self {
+            Self::Memory(db) => Ok(db.create_payment(payment_no, amount_cents)),
+            Self::Postgres(pool) => Postgres::create_payment(pool, payment_no, amount_cents).await,
+            Self::MySql(pool) => MySql::create_payment(pool, payment_no, amount_cents).await,
+            Self::Sqlite(pool) => Sqlite::create_payment(pool, payment_no, amount_cents).await,
+        }
     }
 
     /// `WAIT_PAY -> PAID` with one ledger credit; already paid is a success,
@@ -98,11 +88,12 @@ impl Data {
         payment_no: &str,
         amount_cents: i64,
     ) -> Result<Result<Payment, TransitionError>, BoxError> {
-        on_data!(
-            self,
-            |db| Ok(db.mark_paid(payment_no, amount_cents)),
-            |pool: DB| DB::mark_paid(pool, payment_no, amount_cents).await
-        )
+        match self {
+            Self::Memory(db) => Ok(db.mark_paid(payment_no, amount_cents)),
+            Self::Postgres(pool) => Postgres::mark_paid(pool, payment_no, amount_cents).await,
+            Self::MySql(pool) => MySql::mark_paid(pool, payment_no, amount_cents).await,
+            Self::Sqlite(pool) => Sqlite::mark_paid(pool, payment_no, amount_cents).await,
+        }
     }
 
     /// `PAID -> REFUNDED` with one ledger reversal; already refunded is a
@@ -111,22 +102,28 @@ impl Data {
         &self,
         payment_no: &str,
     ) -> Result<Result<Payment, TransitionError>, BoxError> {
-        on_data!(self, |db| Ok(db.refund(payment_no)), |pool: DB| {
-            DB::refund(pool, payment_no).await
-        })
+        match self {
+            Self::Memory(db) => Ok(db.refund(payment_no)),
+            Self::Postgres(pool) => Postgres::refund(pool, payment_no).await,
+            Self::MySql(pool) => MySql::refund(pool, payment_no).await,
+            Self::Sqlite(pool) => Sqlite::refund(pool, payment_no).await,
+        }
     }
 
     /// A payment by number.
     pub async fn payment(&self, payment_no: &str) -> Result<Option<Payment>, sqlx::Error> {
-        on_data!(self, |db| Ok(db.payment(payment_no)), |pool: DB| {
-            DB::payment(pool, payment_no).await
-        })
+        match self {
+            Self::Memory(db) => Ok(db.payment(payment_no)),
+            Self::Postgres(pool) => Postgres::payment(pool, payment_no).await,
+            Self::MySql(pool) => MySql::payment(pool, payment_no).await,
+            Self::Sqlite(pool) => Sqlite::payment(pool, payment_no).await,
+        }
     }
 }
 
 /// Where `POST /orders` writes: the memory database, or the transaction its
-/// idempotency claim was made in, so the order, the debit and the stored
-/// response commit together.
+/// idempotency claim was made in (transactional mode's `Tx`), so that the
+/// order, the debit and the stored response commit together.
 pub enum Writer {
     /// In memory.
     Memory(Arc<Db>),
@@ -139,19 +136,18 @@ pub enum Writer {
 }
 
 impl Writer {
-    /// Debits the balance and inserts the order.
-    pub async fn place_order(&mut self, order: &NewOrder<'_>) -> Result<Order, sqlx::Error> {
+    /// Debits the balance of user `user` of `tenant` and inserts the order.
+    pub async fn place_order(
+        &mut self,
+        tenant: &str,
+        user: &str,
+        order: &NewOrder,
+    ) -> Result<Order, sqlx::Error> {
         match self {
-            Self::Memory(db) => Ok(db.place_order(
-                order.tenant,
-                order.user,
-                order.sku,
-                order.qty,
-                order.amount_cents,
-            )),
-            Self::Postgres(tx) => Postgres::place_order(tx, order).await,
-            Self::MySql(tx) => MySql::place_order(tx, order).await,
-            Self::Sqlite(tx) => Sqlite::place_order(tx, order).await,
+            Self::Memory(db) => Ok(db.place_order(tenant, user, order)),
+            Self::Postgres(tx) => Postgres::place_order(tx, tenant, user, order).await,
+            Self::MySql(tx) => MySql::place_order(tx, tenant, user, order).await,
+            Self::Sqlite(tx) => Sqlite::place_order(tx, tenant, user, order).await,
         }
     }
 }

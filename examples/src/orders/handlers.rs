@@ -1,33 +1,22 @@
-//! The orders app's handlers: plain axum, unaware of idempotency.
-
-use std::sync::atomic::Ordering;
-use std::time::Duration;
+//! The orders app's handlers: plain axum, unaware of idempotency. The
+//! routes (routes.rs) put the idempotency layer in front of the two that
+//! need it, `create_order` and `payment_callback`.
 
 use axum::Json;
 use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use metrics_exporter_prometheus::PrometheusHandle;
+use idem_tower::core::guards::LifecycleState;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::db::TransitionError;
-use super::{App, NewOrder as OrderRow, UserId, Writer};
+use super::chaos::Chaos;
+use super::model::{NewOrder, TransitionError};
+use super::{App, UserId, Writer};
 
-/// The body of `POST /orders`.
-#[derive(Debug, Deserialize)]
-pub(crate) struct NewOrder {
-    sku: String,
-    qty: i64,
-    amount_cents: i64,
-}
-
-fn error(status: StatusCode, message: &str) -> Response {
+/// `{"error": message}` with `status`.
+pub(crate) fn error(status: StatusCode, message: &str) -> Response {
     (status, Json(json!({ "error": message }))).into_response()
-}
-
-fn chaos_header(headers: &HeaderMap, name: &str) -> Option<u64> {
-    headers.get(name)?.to_str().ok()?.parse().ok()
 }
 
 fn internal(err: impl std::fmt::Display) -> Response {
@@ -35,6 +24,8 @@ fn internal(err: impl std::fmt::Display) -> Response {
     error(StatusCode::INTERNAL_SERVER_ERROR, "database error")
 }
 
+/// `POST /orders`: debits the user's balance and inserts the order, through
+/// `writer`, which on SQL is the idempotency claim's own transaction.
 pub(crate) async fn create_order(
     State(app): State<App>,
     Extension(UserId(user)): Extension<UserId>,
@@ -42,7 +33,7 @@ pub(crate) async fn create_order(
     mut writer: Writer,
     Json(order): Json<NewOrder>,
 ) -> Response {
-    app.calls.orders.fetch_add(1, Ordering::SeqCst);
+    app.calls.order_ran(); // test fixture, as is `Chaos` (chaos.rs)
     let Some(tenant) = headers.get("x-tenant-id").and_then(|v| v.to_str().ok()) else {
         return error(StatusCode::BAD_REQUEST, "X-Tenant-Id is required");
     };
@@ -52,29 +43,16 @@ pub(crate) async fn create_order(
             "qty must be positive and amount_cents not negative",
         );
     }
-    if app.chaos && chaos_header(&headers, "x-chaos-fail") == Some(503) {
-        return error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "chaos: failing before any write",
-        );
+    let chaos = Chaos::asked(&app, &headers);
+    if let Some(failure) = chaos.failure() {
+        return failure;
     }
-    let row = OrderRow {
-        tenant,
-        user: &user,
-        sku: &order.sku,
-        qty: order.qty,
-        amount_cents: order.amount_cents,
-    };
-    let placed = match writer.place_order(&row).await {
+    let placed = match writer.place_order(tenant, &user, &order).await {
         Ok(placed) => placed,
         // A 500 is not final: the layer rolls the transaction back.
         Err(err) => return internal(err),
     };
-    if app.chaos
-        && let Some(ms) = chaos_header(&headers, "x-chaos-delay-ms")
-    {
-        tokio::time::sleep(Duration::from_millis(ms)).await;
-    }
+    chaos.delay().await;
     let location = format!("/orders/{}", placed.order_id);
     (
         StatusCode::CREATED,
@@ -90,6 +68,7 @@ pub(crate) struct Owner {
     user: String,
 }
 
+/// `GET /orders?tenant=T&user=U`: a user's orders and balance.
 pub(crate) async fn list_orders(State(app): State<App>, Query(owner): Query<Owner>) -> Response {
     let (orders, balance) = match app.data.orders_of(&owner.tenant, &owner.user).await {
         Ok(found) => found,
@@ -105,6 +84,7 @@ pub(crate) struct NewPayment {
     amount_cents: i64,
 }
 
+/// `POST /payments`: a payment waiting for its provider's callback.
 pub(crate) async fn create_payment(State(app): State<App>, Json(p): Json<NewPayment>) -> Response {
     match app.data.create_payment(&p.payment_no, p.amount_cents).await {
         Ok(true) => {}
@@ -123,12 +103,14 @@ pub(crate) struct Callback {
     amount_cents: i64,
 }
 
+/// `POST /payments/{payment_no}/callback`: the provider says the payment
+/// is paid, and re-pushes it until it gets a 2xx.
 pub(crate) async fn payment_callback(
     State(app): State<App>,
     Path(payment_no): Path<String>,
     Json(callback): Json<Callback>,
 ) -> Response {
-    app.calls.callbacks.fetch_add(1, Ordering::SeqCst);
+    app.calls.callback_ran(); // test fixture (chaos.rs)
     if callback.status != "PAID" {
         return error(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -167,7 +149,7 @@ fn transition_refused(refused: TransitionError) -> Response {
             "amount does not match the payment",
         ),
         TransitionError::Illegal(current) => {
-            let state = idem_tower::core::guards::LifecycleState::as_str(&current);
+            let state = current.as_str();
             error(
                 StatusCode::CONFLICT,
                 &format!("the payment is {state}: this step does not apply"),
@@ -176,6 +158,7 @@ fn transition_refused(refused: TransitionError) -> Response {
     }
 }
 
+/// `GET /payments/{payment_no}`: its state, credits and refunds.
 pub(crate) async fn get_payment(
     State(app): State<App>,
     Path(payment_no): Path<String>,
@@ -185,34 +168,4 @@ pub(crate) async fn get_payment(
         Ok(None) => error(StatusCode::NOT_FOUND, "no such payment"),
         Err(err) => internal(err),
     }
-}
-
-pub(crate) async fn metrics(State(app): State<App>) -> Response {
-    // idem's own metrics (requests by outcome, claim latency, the tiered
-    // store's counters), when a recorder is installed.
-    let mut body = app
-        .prometheus
-        .as_ref()
-        .map(PrometheusHandle::render)
-        .unwrap_or_default();
-    body.push_str(&format!(
-        "# TYPE orders_handler_calls_total counter\norders_handler_calls_total {}\n\
-         # TYPE payment_callback_handler_calls_total counter\npayment_callback_handler_calls_total {}\n",
-        app.calls.orders(),
-        app.calls.callbacks(),
-    ));
-    // The keys duplicates hit most, from idem's bounded table: at most ten
-    // series, each a key's first 64 characters and its duplicates so far.
-    body.push_str(
-        "# HELP idem_key_duplicates Duplicates seen per key since start (an upper bound), top ten keys.\n\
-         # TYPE idem_key_duplicates gauge\n",
-    );
-    for top in app.idem.top_duplicated_keys(10) {
-        let key = top.key.replace('\\', "\\\\").replace('"', "\\\"");
-        body.push_str(&format!(
-            "idem_key_duplicates{{key=\"{key}\"}} {}\n",
-            top.count
-        ));
-    }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }

@@ -1,14 +1,17 @@
-//! The Prometheus recorder behind `GET /metrics`: what the `orders` binary
-//! installs so that idem's metrics (requests by outcome and route, claim
-//! latency, lease renewals, the tiered store's counters) are served next to
-//! the app's own.
+//! `GET /metrics` and the Prometheus recorder behind it: what the `orders`
+//! binary installs so that idem's metrics (requests by outcome and route,
+//! claim latency, lease renewals, the tiered store's counters) are served
+//! next to the app's own (README.md, "Metrics").
 
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
 use metrics::Unit;
 use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 
-use super::BoxError;
+use super::{App, BoxError};
 
 /// The claim latency histogram's upper bounds, in seconds: from an
 /// in-memory claim (microseconds) through a Redis or SQL round trip
@@ -96,4 +99,29 @@ pub fn register_tier_counters() {
     for (name, _) in TIER_COUNTERS {
         metrics::counter!(*name).increment(0);
     }
+}
+
+/// `GET /metrics`: idem's metrics from the installed recorder (if any), the
+/// handler call counts, and the keys duplicates hit most.
+pub(crate) async fn metrics(State(app): State<App>) -> Response {
+    let mut body = app
+        .prometheus
+        .as_ref()
+        .map(PrometheusHandle::render)
+        .unwrap_or_default();
+    body.push_str(&app.calls.prometheus_text());
+    // The keys duplicates hit most, from idem's bounded table: at most ten
+    // series, each a key's first 64 characters and its duplicates so far.
+    body.push_str(
+        "# HELP idem_key_duplicates Duplicates seen per key since start (an upper bound), top ten keys.\n\
+         # TYPE idem_key_duplicates gauge\n",
+    );
+    for top in app.idem.top_duplicated_keys(10) {
+        let key = top.key.replace('\\', "\\\\").replace('"', "\\\"");
+        body.push_str(&format!(
+            "idem_key_duplicates{{key=\"{key}\"}} {}\n",
+            top.count
+        ));
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }

@@ -10,19 +10,19 @@
 //! transaction as its ledger entry. That holds even when the callback's
 //! idempotency record has expired: the transition finds the payment already
 //! `PAID` and books nothing.
+//!
+//! The queries are written once with `$1` parameters: `returning.rs` holds
+//! PostgreSQL's and SQLite's writes (`RETURNING`, `ON CONFLICT`), `mysql.rs`
+//! MySQL's, and the reads and payment steps below are shared.
 
 use std::future::Future;
 use std::sync::LazyLock;
 
 use idem_tower::core::guards::{LifecycleState, StateMachine, Transition};
-use idem_tower::core::sql::sqlx::{
-    self, AssertSqlSafe, MySql, Pool, Postgres, Row, Sqlite, mysql::MySqlConnection,
-    postgres::PgConnection, sqlite::SqliteConnection,
-};
+use idem_tower::core::sql::sqlx::{self, Pool};
 
 use super::BoxError;
-use super::db::{Order, Payment, PaymentState, STARTING_BALANCE_CENTS, TransitionError};
-use crate::placeholders::positional;
+use super::model::{NewOrder, Order, Payment, PaymentState, TransitionError};
 
 /// The payments lifecycle: `orders_payments.state`, keyed by `payment_no`.
 static PAYMENTS: LazyLock<StateMachine<PaymentState>> = LazyLock::new(|| {
@@ -30,29 +30,17 @@ static PAYMENTS: LazyLock<StateMachine<PaymentState>> = LazyLock::new(|| {
         .expect("constant identifiers are valid")
 });
 
-/// A new order, as the handler validated it.
-#[derive(Debug, Clone)]
-pub struct NewOrder<'a> {
-    /// The tenant.
-    pub tenant: &'a str,
-    /// The user.
-    pub user: &'a str,
-    /// What.
-    pub sku: &'a str,
-    /// How many.
-    pub qty: i64,
-    /// The price.
-    pub amount_cents: i64,
-}
-
 /// The app's queries for one database.
 pub trait OrdersSql: sqlx::Database {
     /// Creates the app's tables if missing.
     fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
-    /// Debits the balance (a relative update) and inserts the order, on `conn`.
+    /// Debits the balance of user `user` of `tenant` (a relative update) and
+    /// inserts the order, on `conn`.
     fn place_order(
         conn: &mut Self::Connection,
-        order: &NewOrder<'_>,
+        tenant: &str,
+        user: &str,
+        order: &NewOrder,
     ) -> impl Future<Output = Result<Order, sqlx::Error>> + Send;
     /// A user's orders and balance.
     fn orders_of(
@@ -86,22 +74,6 @@ pub trait OrdersSql: sqlx::Database {
     ) -> impl Future<Output = Result<Option<Payment>, sqlx::Error>> + Send;
 }
 
-fn order_from(
-    order_id: u64,
-    order: &NewOrder<'_>,
-    balance_cents: i64,
-) -> Result<Order, sqlx::Error> {
-    Ok(Order {
-        order_id,
-        tenant: order.tenant.to_owned(),
-        user: order.user.to_owned(),
-        sku: order.sku.to_owned(),
-        qty: order.qty,
-        amount_cents: order.amount_cents,
-        balance_cents,
-    })
-}
-
 fn payment_state(state: &str) -> Result<PaymentState, sqlx::Error> {
     PaymentState::from_stored(state)
         .ok_or_else(|| sqlx::Error::Decode(format!("unknown payment state {state:?}").into()))
@@ -117,7 +89,9 @@ fn refused(moved: Transition<PaymentState>) -> Option<TransitionError> {
 }
 
 /// The queries whose SQL is the same on every database but for how
-/// parameters are spelled: `$params` turns `$1` into the dialect's form.
+/// parameters are spelled: `$params` turns `$1` into the dialect's form. The
+/// dialect modules expand it inside their `impl OrdersSql`, with `sqlx`,
+/// `AssertSqlSafe`, `Row` and the model types in scope.
 macro_rules! shared_queries {
     ($params:expr) => {
         async fn orders_of(
@@ -250,182 +224,5 @@ macro_rules! shared_queries {
     };
 }
 
-/// PostgreSQL and SQLite share their writes too (`RETURNING`, `ON
-/// CONFLICT`); SQLite only spells parameters `?1` where PostgreSQL writes
-/// `$1`.
-macro_rules! returning_dialect {
-    ($db:ty, $conn:ty, $schema:expr, $params:expr) => {
-        impl OrdersSql for $db {
-            async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
-                sqlx::raw_sql(AssertSqlSafe($schema))
-                    .execute(pool)
-                    .await
-                    .map(drop)
-            }
-
-            async fn place_order(conn: &mut $conn, o: &NewOrder<'_>) -> Result<Order, sqlx::Error> {
-                let balance: i64 = sqlx::query_scalar(AssertSqlSafe($params(
-                    "INSERT INTO orders_balances (tenant, user_id, balance_cents) \
-                     VALUES ($1, $2, $3 - $4) \
-                     ON CONFLICT (tenant, user_id) \
-                     DO UPDATE SET balance_cents = orders_balances.balance_cents - $4 \
-                     RETURNING balance_cents",
-                )))
-                .bind(o.tenant)
-                .bind(o.user)
-                .bind(STARTING_BALANCE_CENTS)
-                .bind(o.amount_cents)
-                .fetch_one(&mut *conn)
-                .await?;
-                let id: i64 = sqlx::query_scalar(AssertSqlSafe($params(
-                    "INSERT INTO orders_orders \
-                     (tenant, user_id, sku, qty, amount_cents, balance_cents) \
-                     VALUES ($1, $2, $3, $4, $5, $6) RETURNING order_id",
-                )))
-                .bind(o.tenant)
-                .bind(o.user)
-                .bind(o.sku)
-                .bind(o.qty)
-                .bind(o.amount_cents)
-                .bind(balance)
-                .fetch_one(&mut *conn)
-                .await?;
-                order_from(id as u64, o, balance)
-            }
-
-            async fn create_payment(
-                pool: &Pool<Self>,
-                payment_no: &str,
-                amount_cents: i64,
-            ) -> Result<bool, sqlx::Error> {
-                let done = sqlx::query(AssertSqlSafe($params(
-                    "INSERT INTO orders_payments (payment_no, state, amount_cents) \
-                     VALUES ($1, 'WAIT_PAY', $2) ON CONFLICT (payment_no) DO NOTHING",
-                )))
-                .bind(payment_no)
-                .bind(amount_cents)
-                .execute(pool)
-                .await?;
-                Ok(done.rows_affected() == 1)
-            }
-
-            shared_queries!($params);
-        }
-    };
-}
-
-const POSTGRES_SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS orders_balances (
-    tenant TEXT NOT NULL, user_id TEXT NOT NULL, balance_cents BIGINT NOT NULL,
-    PRIMARY KEY (tenant, user_id));
-CREATE TABLE IF NOT EXISTS orders_orders (
-    order_id BIGSERIAL PRIMARY KEY, tenant TEXT NOT NULL, user_id TEXT NOT NULL,
-    sku TEXT NOT NULL, qty BIGINT NOT NULL, amount_cents BIGINT NOT NULL,
-    balance_cents BIGINT NOT NULL);
-CREATE TABLE IF NOT EXISTS orders_payments (
-    payment_no TEXT PRIMARY KEY, state TEXT NOT NULL, amount_cents BIGINT NOT NULL);
-CREATE TABLE IF NOT EXISTS orders_ledger (
-    entry_id BIGSERIAL PRIMARY KEY, payment_no TEXT NOT NULL, amount_cents BIGINT NOT NULL);
-";
-
-const SQLITE_SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS orders_balances (
-    tenant TEXT NOT NULL, user_id TEXT NOT NULL, balance_cents INTEGER NOT NULL,
-    PRIMARY KEY (tenant, user_id));
-CREATE TABLE IF NOT EXISTS orders_orders (
-    order_id INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, user_id TEXT NOT NULL,
-    sku TEXT NOT NULL, qty INTEGER NOT NULL, amount_cents INTEGER NOT NULL,
-    balance_cents INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS orders_payments (
-    payment_no TEXT PRIMARY KEY, state TEXT NOT NULL, amount_cents INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS orders_ledger (
-    entry_id INTEGER PRIMARY KEY AUTOINCREMENT, payment_no TEXT NOT NULL,
-    amount_cents INTEGER NOT NULL);
-";
-
-returning_dialect!(
-    Postgres,
-    PgConnection,
-    POSTGRES_SCHEMA,
-    |sql: &'static str| sql
-);
-returning_dialect!(Sqlite, SqliteConnection, SQLITE_SCHEMA, |sql: &str| sql
-    .replace('$', "?"));
-
-const MYSQL_SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS orders_balances (
-    tenant VARCHAR(255) NOT NULL, user_id VARCHAR(255) NOT NULL, balance_cents BIGINT NOT NULL,
-    PRIMARY KEY (tenant, user_id)) ENGINE = InnoDB;
-CREATE TABLE IF NOT EXISTS orders_orders (
-    order_id BIGINT AUTO_INCREMENT PRIMARY KEY, tenant VARCHAR(255) NOT NULL,
-    user_id VARCHAR(255) NOT NULL, sku VARCHAR(255) NOT NULL, qty BIGINT NOT NULL,
-    amount_cents BIGINT NOT NULL, balance_cents BIGINT NOT NULL,
-    INDEX orders_orders_owner (tenant, user_id)) ENGINE = InnoDB;
-CREATE TABLE IF NOT EXISTS orders_payments (
-    payment_no VARCHAR(255) PRIMARY KEY, state VARCHAR(16) NOT NULL,
-    amount_cents BIGINT NOT NULL) ENGINE = InnoDB;
-CREATE TABLE IF NOT EXISTS orders_ledger (
-    entry_id BIGINT AUTO_INCREMENT PRIMARY KEY, payment_no VARCHAR(255) NOT NULL,
-    amount_cents BIGINT NOT NULL, INDEX orders_ledger_payment (payment_no)) ENGINE = InnoDB;
-";
-
-impl OrdersSql for MySql {
-    shared_queries!(positional);
-
-    async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(MYSQL_SCHEMA).execute(pool).await.map(drop)
-    }
-
-    async fn place_order(
-        conn: &mut MySqlConnection,
-        o: &NewOrder<'_>,
-    ) -> Result<Order, sqlx::Error> {
-        sqlx::query(
-            "INSERT INTO orders_balances (tenant, user_id, balance_cents) VALUES (?, ?, ? - ?) \
-             ON DUPLICATE KEY UPDATE balance_cents = balance_cents - ?",
-        )
-        .bind(o.tenant)
-        .bind(o.user)
-        .bind(STARTING_BALANCE_CENTS)
-        .bind(o.amount_cents)
-        .bind(o.amount_cents)
-        .execute(&mut *conn)
-        .await?;
-        let balance: i64 = sqlx::query_scalar(
-            "SELECT balance_cents FROM orders_balances WHERE tenant = ? AND user_id = ?",
-        )
-        .bind(o.tenant)
-        .bind(o.user)
-        .fetch_one(&mut *conn)
-        .await?;
-        let inserted = sqlx::query(
-            "INSERT INTO orders_orders (tenant, user_id, sku, qty, amount_cents, balance_cents) \
-             VALUES (?, ?, ?, ?, ?, ?)",
-        )
-        .bind(o.tenant)
-        .bind(o.user)
-        .bind(o.sku)
-        .bind(o.qty)
-        .bind(o.amount_cents)
-        .bind(balance)
-        .execute(&mut *conn)
-        .await?;
-        order_from(inserted.last_insert_id(), o, balance)
-    }
-
-    async fn create_payment(
-        pool: &Pool<Self>,
-        payment_no: &str,
-        amount_cents: i64,
-    ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(
-            "INSERT IGNORE INTO orders_payments (payment_no, state, amount_cents) \
-             VALUES (?, 'WAIT_PAY', ?)",
-        )
-        .bind(payment_no)
-        .bind(amount_cents)
-        .execute(pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
-    }
-}
+mod mysql;
+mod returning;

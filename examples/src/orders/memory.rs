@@ -1,84 +1,12 @@
-//! The orders app's data: orders, balances, payments and the ledger.
+//! The in-memory database, for `--database memory`: the same operations as
+//! the SQL tables (sql/), each under one lock, so each is one transaction.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use idem_tower::core::guards::LifecycleState;
-use serde::Serialize;
-
-/// What a new user's balance starts at, in cents.
-pub const STARTING_BALANCE_CENTS: i64 = 100_000;
-
-/// An order row.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct Order {
-    /// Assigned on insert, from 1.
-    pub order_id: u64,
-    /// The tenant that placed it.
-    pub tenant: String,
-    /// The user that placed it.
-    pub user: String,
-    /// What was ordered.
-    pub sku: String,
-    /// How many.
-    pub qty: i64,
-    /// The price debited.
-    pub amount_cents: i64,
-    /// The user's balance right after the debit.
-    pub balance_cents: i64,
-}
-
-/// A payment's lifecycle state.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum PaymentState {
-    /// Created, waiting for the provider's callback.
-    WaitPay,
-    /// The provider confirmed it; the ledger was credited.
-    Paid,
-    /// Paid, then refunded: the credit was reversed. A late callback for it
-    /// is a conflict and books nothing.
-    Refunded,
-}
-
-impl LifecycleState for PaymentState {
-    const ALL: &'static [Self] = &[Self::WaitPay, Self::Paid, Self::Refunded];
-
-    fn as_str(&self) -> &'static str {
-        match self {
-            Self::WaitPay => "WAIT_PAY",
-            Self::Paid => "PAID",
-            Self::Refunded => "REFUNDED",
-        }
-    }
-}
-
-/// A payment row.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct Payment {
-    /// The merchant's payment number.
-    pub payment_no: String,
-    /// Where it is in its lifecycle.
-    pub state: PaymentState,
-    /// The amount expected.
-    pub amount_cents: i64,
-    /// Ledger credits booked for it: 1 once paid, never more.
-    pub credits: u64,
-    /// Refunds (credit reversals) booked for it: 1 once refunded, never more.
-    pub refunds: u64,
-}
-
-/// Why a payment transition did not apply.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TransitionError {
-    /// No such payment.
-    NotFound,
-    /// The callback's amount is not the payment's.
-    AmountMismatch,
-    /// The payment is in a state this step may not leave (a callback for a
-    /// refunded payment, a refund of an unpaid one).
-    Illegal(PaymentState),
-}
+use super::model::{
+    NewOrder, Order, Payment, PaymentState, STARTING_BALANCE_CENTS, TransitionError,
+};
 
 /// The in-memory database: one lock, so each operation is one transaction.
 #[derive(Debug, Default)]
@@ -96,32 +24,23 @@ struct Tables {
 impl Db {
     /// Inserts an order and debits the user's balance (a relative update, as
     /// the real thing would be), atomically.
-    pub fn place_order(
-        &self,
-        tenant: &str,
-        user: &str,
-        sku: &str,
-        qty: i64,
-        amount_cents: i64,
-    ) -> Order {
+    pub fn place_order(&self, tenant: &str, user: &str, order: &NewOrder) -> Order {
         let mut t = self.tables.lock().expect("db lock");
         let balance = t
             .balances
             .entry((tenant.to_owned(), user.to_owned()))
             .or_insert(STARTING_BALANCE_CENTS);
-        *balance -= amount_cents;
+        *balance -= order.amount_cents;
         let balance_cents = *balance;
-        let order = Order {
-            order_id: t.orders.len() as u64 + 1,
-            tenant: tenant.to_owned(),
-            user: user.to_owned(),
-            sku: sku.to_owned(),
-            qty,
-            amount_cents,
+        let placed = Order::placed(
+            t.orders.len() as u64 + 1,
+            tenant,
+            user,
+            order,
             balance_cents,
-        };
-        t.orders.push(order.clone());
-        order
+        );
+        t.orders.push(placed.clone());
+        placed
     }
 
     /// A user's orders and current balance.

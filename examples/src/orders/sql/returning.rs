@@ -1,0 +1,119 @@
+//! PostgreSQL's and SQLite's writes: the same SQL (`RETURNING`, `ON
+//! CONFLICT`), SQLite spelling parameters `?1` where PostgreSQL writes `$1`.
+
+use idem_tower::core::sql::sqlx::{
+    self, AssertSqlSafe, Pool, Postgres, Row, Sqlite, postgres::PgConnection,
+    sqlite::SqliteConnection,
+};
+
+use super::{OrdersSql, PAYMENTS, payment_state, refused};
+use crate::orders::BoxError;
+use crate::orders::model::{
+    NewOrder, Order, Payment, PaymentState, STARTING_BALANCE_CENTS, TransitionError,
+};
+use idem_tower::core::guards::Transition;
+
+/// The impl for one of the two databases.
+macro_rules! returning_dialect {
+    ($db:ty, $conn:ty, $schema:expr, $params:expr) => {
+        impl OrdersSql for $db {
+            async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
+                sqlx::raw_sql(AssertSqlSafe($schema))
+                    .execute(pool)
+                    .await
+                    .map(drop)
+            }
+
+            async fn place_order(
+                conn: &mut $conn,
+                tenant: &str,
+                user: &str,
+                order: &NewOrder,
+            ) -> Result<Order, sqlx::Error> {
+                let balance: i64 = sqlx::query_scalar(AssertSqlSafe($params(
+                    "INSERT INTO orders_balances (tenant, user_id, balance_cents) \
+                     VALUES ($1, $2, $3 - $4) \
+                     ON CONFLICT (tenant, user_id) \
+                     DO UPDATE SET balance_cents = orders_balances.balance_cents - $4 \
+                     RETURNING balance_cents",
+                )))
+                .bind(tenant)
+                .bind(user)
+                .bind(STARTING_BALANCE_CENTS)
+                .bind(order.amount_cents)
+                .fetch_one(&mut *conn)
+                .await?;
+                let id: i64 = sqlx::query_scalar(AssertSqlSafe($params(
+                    "INSERT INTO orders_orders \
+                     (tenant, user_id, sku, qty, amount_cents, balance_cents) \
+                     VALUES ($1, $2, $3, $4, $5, $6) RETURNING order_id",
+                )))
+                .bind(tenant)
+                .bind(user)
+                .bind(&order.sku)
+                .bind(order.qty)
+                .bind(order.amount_cents)
+                .bind(balance)
+                .fetch_one(&mut *conn)
+                .await?;
+                Ok(Order::placed(id as u64, tenant, user, order, balance))
+            }
+
+            async fn create_payment(
+                pool: &Pool<Self>,
+                payment_no: &str,
+                amount_cents: i64,
+            ) -> Result<bool, sqlx::Error> {
+                let done = sqlx::query(AssertSqlSafe($params(
+                    "INSERT INTO orders_payments (payment_no, state, amount_cents) \
+                     VALUES ($1, 'WAIT_PAY', $2) ON CONFLICT (payment_no) DO NOTHING",
+                )))
+                .bind(payment_no)
+                .bind(amount_cents)
+                .execute(pool)
+                .await?;
+                Ok(done.rows_affected() == 1)
+            }
+
+            shared_queries!($params);
+        }
+    };
+}
+
+const POSTGRES_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS orders_balances (
+    tenant TEXT NOT NULL, user_id TEXT NOT NULL, balance_cents BIGINT NOT NULL,
+    PRIMARY KEY (tenant, user_id));
+CREATE TABLE IF NOT EXISTS orders_orders (
+    order_id BIGSERIAL PRIMARY KEY, tenant TEXT NOT NULL, user_id TEXT NOT NULL,
+    sku TEXT NOT NULL, qty BIGINT NOT NULL, amount_cents BIGINT NOT NULL,
+    balance_cents BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS orders_payments (
+    payment_no TEXT PRIMARY KEY, state TEXT NOT NULL, amount_cents BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS orders_ledger (
+    entry_id BIGSERIAL PRIMARY KEY, payment_no TEXT NOT NULL, amount_cents BIGINT NOT NULL);
+";
+
+const SQLITE_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS orders_balances (
+    tenant TEXT NOT NULL, user_id TEXT NOT NULL, balance_cents INTEGER NOT NULL,
+    PRIMARY KEY (tenant, user_id));
+CREATE TABLE IF NOT EXISTS orders_orders (
+    order_id INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, user_id TEXT NOT NULL,
+    sku TEXT NOT NULL, qty INTEGER NOT NULL, amount_cents INTEGER NOT NULL,
+    balance_cents INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS orders_payments (
+    payment_no TEXT PRIMARY KEY, state TEXT NOT NULL, amount_cents INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS orders_ledger (
+    entry_id INTEGER PRIMARY KEY AUTOINCREMENT, payment_no TEXT NOT NULL,
+    amount_cents INTEGER NOT NULL);
+";
+
+returning_dialect!(
+    Postgres,
+    PgConnection,
+    POSTGRES_SCHEMA,
+    |sql: &'static str| sql
+);
+returning_dialect!(Sqlite, SqliteConnection, SQLITE_SCHEMA, |sql: &str| sql
+    .replace('$', "?"));
