@@ -63,7 +63,7 @@ impl FromRef<AppState> for Idempotency {
     key = "pay-callback:{path:payment_no}",
     shared_across_callers,
     transactional,
-    ttl = "1s"
+    retention = "1s"
 )]
 async fn payment_callback(
     State(state): State<AppState>,
