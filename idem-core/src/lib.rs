@@ -64,17 +64,23 @@ pub mod sql;
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod conformance;
 
-#[cfg(any(feature = "sql", feature = "redis"))]
+#[cfg(all(feature = "guards", any(feature = "sql", feature = "redis")))]
 #[cfg_attr(
     docsrs,
-    doc(cfg(any(
-        feature = "postgres",
-        feature = "mysql",
-        feature = "sqlite",
-        feature = "redis"
+    doc(cfg(all(
+        feature = "guards",
+        any(
+            feature = "postgres",
+            feature = "mysql",
+            feature = "sqlite",
+            feature = "redis"
+        )
     )))
 )]
 pub mod guards;
+
+#[cfg(any(feature = "sql", feature = "redis"))]
+mod time;
 
 pub use error::{BoxError, Error, ErrorKind};
 pub use fingerprint::{Fingerprint, FingerprintSpec};

@@ -7,6 +7,7 @@
 //! `IDEM_TEST_REDIS_URL`; SQLite uses fresh files in the temp directory.
 //! Each case makes its own tables (named with a nonce) and drops them.
 #![cfg(all(
+    feature = "guards",
     feature = "test-util",
     feature = "postgres",
     feature = "mysql",

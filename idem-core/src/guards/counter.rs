@@ -3,7 +3,8 @@
 
 use std::fmt;
 
-use super::sql::{GuardConn, Ident, RowId, Value, config, db_error, update_one};
+use super::sql::{Ident, Params, RowId, Value, config, db_error, update_one};
+use crate::sql::Dialect;
 use crate::{Error, ErrorKind};
 
 /// How many times a decrement retries when the re-read finds the row able
@@ -105,61 +106,70 @@ impl Counter {
     /// Takes `n` (at least 1) from row `id` if at least `n` are left, on
     /// `conn` (your transaction, if it is in one). Never
     /// [`CounterUpdate::Conflict`].
-    pub async fn decrement<C: GuardConn>(
+    pub async fn decrement<C>(
         &self,
         conn: &mut C,
         id: impl Into<RowId<'_>>,
         n: i64,
-    ) -> Result<CounterUpdate, Error> {
-        self.run(conn, id.into(), n, None).await
+    ) -> Result<CounterUpdate, Error>
+    where
+        C: sqlx::Connection<Database: Dialect>,
+    {
+        self.run::<C::Database>(conn, id.into(), n, None).await
     }
 
     /// Takes `n` from row `id` if at least `n` are left *and* its version is
     /// still `expected_version`. On a counter without a version column this
     /// is an [`ErrorKind::Config`] error.
-    pub async fn decrement_if_version<C: GuardConn>(
+    pub async fn decrement_if_version<C>(
         &self,
         conn: &mut C,
         id: impl Into<RowId<'_>>,
         n: i64,
         expected_version: i64,
-    ) -> Result<CounterUpdate, Error> {
+    ) -> Result<CounterUpdate, Error>
+    where
+        C: sqlx::Connection<Database: Dialect>,
+    {
         if self.version.is_none() {
             return Err(config(format!(
                 "counter {}.{} has no version column",
                 self.table, self.value
             )));
         }
-        self.run(conn, id.into(), n, Some(expected_version)).await
+        self.run::<C::Database>(conn, id.into(), n, Some(expected_version))
+            .await
     }
 
     /// Reads row `id`: its value and, if the counter is versioned, its
     /// version; `None` if there is no such row.
-    pub async fn read<C: GuardConn>(
+    pub async fn read<C>(
         &self,
         conn: &mut C,
         id: impl Into<RowId<'_>>,
-    ) -> Result<Option<(i64, Option<i64>)>, Error> {
-        let row = conn
-            .fetch_ints(self.select::<C>(""), &[id.into().value()])
+    ) -> Result<Option<(i64, Option<i64>)>, Error>
+    where
+        C: sqlx::Connection<Database: Dialect>,
+    {
+        let select = self.select::<C::Database>("");
+        let row = <C::Database as Dialect>::fetch_ints(conn, select, &[id.into().value()])
             .await
             .map_err(db_error)?;
         row.map(|cols| self.columns(&cols)).transpose()
     }
 
-    fn select<C: GuardConn>(&self, lock: &str) -> String {
-        let k = C::KIND;
+    fn select<DB: Dialect>(&self, lock: &str) -> String {
         let version = self
             .version
             .as_ref()
-            .map(|v| format!(", {}", k.int(v.as_str())))
+            .map(|v| format!(", {}", DB::int(v.as_str())))
             .unwrap_or_default();
         format!(
             "SELECT {}{version} FROM {} WHERE {} = {}{lock}",
-            k.int(self.value.as_str()),
+            DB::int(self.value.as_str()),
             self.table,
             self.id,
-            k.params().next()
+            DB::placeholder(1)
         )
     }
 
@@ -174,9 +184,9 @@ impl Counter {
         Ok((value, cols.get(1).copied().flatten()))
     }
 
-    async fn run<C: GuardConn>(
+    async fn run<DB: Dialect>(
         &self,
-        conn: &mut C,
+        conn: &mut DB::Connection,
         id: RowId<'_>,
         n: i64,
         expected: Option<i64>,
@@ -185,7 +195,7 @@ impl Counter {
             return Err(config(format!("a decrement takes at least 1, not {n}")));
         }
         let (table, id_col, value) = (&self.table, &self.id, &self.value);
-        let mut p = C::KIND.params();
+        let mut p = Params::<DB>::new();
         let mut update = format!("UPDATE {table} SET {value} = {value} - {}", p.next());
         let mut args = vec![Value::Int(n)];
         if let Some(version) = &self.version {
@@ -201,14 +211,13 @@ impl Counter {
             update.push_str(&format!(" AND {version} = {}", p.next()));
             args.push(Value::Int(expected));
         }
-        let reread = self.select::<C>(C::KIND.lock());
+        let reread = self.select::<DB>(DB::FOR_UPDATE);
 
         for _ in 0..ATTEMPTS {
-            if update_one(conn, &update, &args, (table, id_col), "a decrement").await? {
+            if update_one::<DB>(conn, &update, &args, (table, id_col), "a decrement").await? {
                 return Ok(CounterUpdate::Applied);
             }
-            let Some(cols) = conn
-                .fetch_ints(reread.clone(), &[id.value()])
+            let Some(cols) = DB::fetch_ints(conn, reread.clone(), &[id.value()])
                 .await
                 .map_err(db_error)?
             else {

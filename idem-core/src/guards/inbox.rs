@@ -5,7 +5,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::sql::{GuardConn, GuardDb, Ident, Kind, Value, config, db_error, is_retryable};
+use super::sql::{Ident, Params, Value, config, db_error, is_retryable};
+use crate::sql::Dialect;
+use crate::time::millis;
 use crate::store::BoxFuture;
 use crate::{Error, ErrorKind};
 
@@ -119,17 +121,17 @@ impl<E: std::error::Error + 'static> std::error::Error for ProcessError<E> {
 /// // Processed::Done or Processed::Skipped: acknowledge the message either way.
 /// # let _ = done; Ok(()) }
 /// ```
-pub struct Inbox<DB: GuardDb> {
+pub struct Inbox<DB: Dialect> {
     inner: Arc<Inner<DB>>,
 }
 
-struct Inner<DB: GuardDb> {
+struct Inner<DB: Dialect> {
     pool: sqlx::Pool<DB>,
     table: Ident,
     consumer: String,
 }
 
-impl<DB: GuardDb> Clone for Inbox<DB> {
+impl<DB: Dialect> Clone for Inbox<DB> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -137,7 +139,7 @@ impl<DB: GuardDb> Clone for Inbox<DB> {
     }
 }
 
-impl<DB: GuardDb> fmt::Debug for Inbox<DB> {
+impl<DB: Dialect> fmt::Debug for Inbox<DB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Inbox")
             .field("database", &<DB as sqlx::Database>::NAME)
@@ -157,7 +159,7 @@ fn check_len(what: &str, value: &str) -> Result<(), Error> {
     Ok(())
 }
 
-impl<DB: GuardDb> Inbox<DB> {
+impl<DB: Dialect> Inbox<DB> {
     /// The log of `consumer` (1 to 255 bytes; consumers sharing a table keep
     /// separate logs) in [`DEFAULT_INBOX_TABLE`] on `pool`.
     pub fn new(pool: sqlx::Pool<DB>, consumer: &str) -> Result<Self, Error> {
@@ -188,7 +190,6 @@ impl<DB: GuardDb> Inbox<DB> {
     /// Creates the table if missing. Safe to run at every start, from
     /// several processes.
     pub async fn migrate(&self) -> Result<(), Error> {
-        let k = <DB::Connection as GuardConn>::KIND;
         let table = &self.inner.table;
         let ddl = format!(
             "CREATE TABLE IF NOT EXISTS {table} ( \
@@ -198,9 +199,9 @@ impl<DB: GuardDb> Inbox<DB> {
                received_at {ts} NOT NULL, \
                PRIMARY KEY (consumer, message_id), \
                UNIQUE (consumer, business_id)){options}",
-            text = k.key_type(),
-            ts = k.timestamp_type(),
-            options = k.table_options(),
+            text = DB::SHORT_TEXT,
+            ts = DB::TIMESTAMP,
+            options = DB::TABLE_OPTIONS,
         );
         DB::create_table(&self.inner.pool, table.as_str(), ddl)
             .await
@@ -223,23 +224,14 @@ impl<DB: GuardDb> Inbox<DB> {
     ) -> Result<Delivery, Error> {
         check_len("a message id", message_id)?;
         check_len("a business id", business_id)?;
-        let k = <DB::Connection as GuardConn>::KIND;
         let t = &self.inner.table;
-        let mut p = k.params();
-        let values = format!("{}, {}, {}, {}", p.next(), p.next(), p.next(), k.now());
-        let insert = match k {
-            // With no conflict target, any unique key: message or business id.
-            Kind::Postgres | Kind::Sqlite => format!(
-                "INSERT INTO {t} (consumer, message_id, business_id, received_at) \
-                 VALUES ({values}) ON CONFLICT DO NOTHING"
-            ),
-            // Ids are length-checked above, so IGNORE can only skip a
-            // duplicate key here.
-            Kind::MySql => format!(
-                "INSERT IGNORE INTO {t} (consumer, message_id, business_id, received_at) \
-                 VALUES ({values})"
-            ),
-        };
+        let mut p = Params::<DB>::new();
+        // Ids are length-checked above, so MySQL's INSERT IGNORE can only
+        // skip a duplicate key here: the message id or the business id.
+        let insert = DB::insert_or_skip(
+            &format!("{t} (consumer, message_id, business_id, received_at)"),
+            &format!("{}, {}, {}, {}", p.next(), p.next(), p.next(), DB::NOW),
+        );
         let consumer = self.inner.consumer.as_str();
         let args = [
             Value::Text(consumer),
@@ -247,45 +239,44 @@ impl<DB: GuardDb> Inbox<DB> {
             Value::Text(business_id),
         ];
         let find = |column: &str| {
-            let mut p = k.params();
+            let mut p = Params::<DB>::new();
             format!(
                 "SELECT {} FROM {t} WHERE consumer = {} AND {column} = {}{}",
-                k.int("1"),
+                DB::int("1"),
                 p.next(),
                 p.next(),
-                k.share_lock()
+                DB::FOR_SHARE
             )
         };
         let (by_message, by_business) = (find("message_id"), find("business_id"));
 
         for _ in 0..ATTEMPTS {
-            if conn
-                .execute(insert.clone(), &args)
+            if DB::execute(conn, insert.clone(), &args)
                 .await
                 .map_err(db_error)?
                 == 1
             {
                 return Ok(Delivery::First);
             }
-            if conn
-                .fetch_ints(
-                    by_message.clone(),
-                    &[Value::Text(consumer), Value::Text(message_id)],
-                )
-                .await
-                .map_err(db_error)?
-                .is_some()
+            if DB::fetch_ints(
+                conn,
+                by_message.clone(),
+                &[Value::Text(consumer), Value::Text(message_id)],
+            )
+            .await
+            .map_err(db_error)?
+            .is_some()
             {
                 return Ok(Delivery::Duplicate(DuplicateOf::Message));
             }
-            if conn
-                .fetch_ints(
-                    by_business.clone(),
-                    &[Value::Text(consumer), Value::Text(business_id)],
-                )
-                .await
-                .map_err(db_error)?
-                .is_some()
+            if DB::fetch_ints(
+                conn,
+                by_business.clone(),
+                &[Value::Text(consumer), Value::Text(business_id)],
+            )
+            .await
+            .map_err(db_error)?
+            .is_some()
             {
                 return Ok(Delivery::Duplicate(DuplicateOf::BusinessEvent));
             }
@@ -350,18 +341,15 @@ impl<DB: GuardDb> Inbox<DB> {
     /// a re-publication of its business event) can still arrive: after
     /// that, a duplicate would be handled again.
     pub async fn purge_older_than(&self, age: Duration) -> Result<u64, Error> {
-        let k = <DB::Connection as GuardConn>::KIND;
-        let mut p = k.params();
-        let consumer_p = p.next();
+        let mut p = Params::<DB>::new();
         let sql = format!(
-            "DELETE FROM {t} WHERE consumer = {consumer_p} AND received_at < {cutoff}",
+            "DELETE FROM {t} WHERE consumer = {} AND received_at < {}",
+            p.next(),
+            DB::now_plus_ms(&p.next()),
             t = self.inner.table,
-            cutoff = k.now_plus_ms(&p.next()),
         );
-        let ms = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
+        let args = [Value::Text(&self.inner.consumer), Value::Int(-millis(age))];
         let mut conn = self.inner.pool.acquire().await.map_err(db_error)?;
-        conn.execute(sql, &[Value::Text(&self.inner.consumer), Value::Int(-ms)])
-            .await
-            .map_err(db_error)
+        DB::execute(&mut *conn, sql, &args).await.map_err(db_error)
     }
 }

@@ -1,30 +1,16 @@
 //! A Redis lock with an owner token and a lease, for the rare work that must
-//! be serialised.
-//!
-//! **A lock is not idempotency.** It keeps two duplicates from running *at
-//! the same time*, not one *after* the other: the second waits, then takes
-//! the lock and does the work again. It remembers nothing. Pair it with a
-//! record of what was done (the idempotency layer, a state-machine
-//! transition, an inbox row) whenever the work has an effect; use the lock
-//! only to keep concurrent work apart (one rebuild of a cache, one run of a
-//! settlement job, one call into a provider that cannot take two at once).
-//!
-//! A lease can also run out while the holder still works (a GC pause, a slow
-//! call): another holder then takes the lock, and the first one's release
-//! or renewal fails, as it must ([`LockGuard::release`] and
-//! [`LockGuard::renew`] answer `false`). Work whose correctness depends on
-//! exclusivity must check that answer, or better, write through a fencing
-//! check of its own (a version column, a state-machine transition).
+//! be serialised: not idempotency (see [`RedisLock`]).
 
 use std::sync::Arc;
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use redis::Script;
-use redis::aio::ConnectionManager;
+use ::redis::Script;
+use ::redis::aio::ConnectionLike;
 
 use crate::Error;
+use crate::time::millis;
 
 /// Compare-and-delete: deletes KEYS[1] only if it still holds ARGV[1].
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
@@ -51,10 +37,27 @@ static RENEW: LazyLock<Script> = LazyLock::new(|| {
     )
 });
 
-/// A named lock in Redis: `SET key owner NX PX lease` to take it, Lua
-/// compare-and-delete to release it, Lua compare-and-pexpire to renew it.
+/// A named lock in Redis, on your connection (a
+/// `redis::aio::ConnectionManager` or a
+/// `redis::cluster_async::ClusterConnection`, as for
+/// [`RedisStore`](crate::redis::RedisStore)): `SET key owner NX PX lease` to
+/// take it, Lua compare-and-delete to release it, Lua compare-and-pexpire to
+/// renew it.
 ///
-/// Read the [module docs](self) first: a lock is not idempotency.
+/// **A lock is not idempotency.** It keeps two duplicates from running *at
+/// the same time*, not one *after* the other: the second waits, then takes
+/// the lock and does the work again. It remembers nothing. Pair it with a
+/// record of what was done (the idempotency layer, a state-machine
+/// transition, an inbox row) whenever the work has an effect; use the lock
+/// only to keep concurrent work apart (one rebuild of a cache, one run of a
+/// settlement job, one call into a provider that cannot take two at once).
+///
+/// A lease can also run out while the holder still works (a GC pause, a slow
+/// call): another holder then takes the lock, and the first one's release
+/// or renewal fails, as it must ([`LockGuard::release`] and
+/// [`LockGuard::renew`] answer `false`). Work whose correctness depends on
+/// exclusivity must check that answer, or better, write through a fencing
+/// check of its own (a version column, a state-machine transition).
 ///
 /// ```no_run
 /// # async fn run(conn: redis::aio::ConnectionManager) -> Result<(), idem_core::Error> {
@@ -73,13 +76,13 @@ static RENEW: LazyLock<Script> = LazyLock::new(|| {
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
-pub struct RedisLock {
-    conn: ConnectionManager,
+pub struct RedisLock<C> {
+    conn: C,
     key: String,
     lease: Duration,
 }
 
-impl std::fmt::Debug for RedisLock {
+impl<C> std::fmt::Debug for RedisLock<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisLock")
             .field("key", &self.key)
@@ -88,23 +91,17 @@ impl std::fmt::Debug for RedisLock {
     }
 }
 
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-}
-
-impl RedisLock {
+impl<C> RedisLock<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
     /// The lock `name`, kept at `idem:lock:{name}` for `lease` at a time.
-    pub fn new(conn: ConnectionManager, name: &str, lease: Duration) -> Self {
+    pub fn new(conn: C, name: &str, lease: Duration) -> Self {
         Self::with_namespace(conn, crate::DEFAULT_NAMESPACE, name, lease)
     }
 
     /// The lock `name` under `namespace` instead of `idem:`.
-    pub fn with_namespace(
-        conn: ConnectionManager,
-        namespace: &str,
-        name: &str,
-        lease: Duration,
-    ) -> Self {
+    pub fn with_namespace(conn: C, namespace: &str, name: &str, lease: Duration) -> Self {
         Self {
             conn,
             key: format!("{namespace}lock:{{{name}}}"),
@@ -114,9 +111,9 @@ impl RedisLock {
 
     /// Takes the lock if it is free, for one lease; `None` if someone holds
     /// it.
-    pub async fn try_acquire(&self) -> Result<Option<LockGuard>, Error> {
+    pub async fn try_acquire(&self) -> Result<Option<LockGuard<C>>, Error> {
         let owner = format!("{:032x}", rand::random::<u128>());
-        let set: Option<String> = redis::cmd("SET")
+        let set: Option<String> = ::redis::cmd("SET")
             .arg(&self.key)
             .arg(&owner)
             .arg("NX")
@@ -137,7 +134,7 @@ impl RedisLock {
 
     /// Takes the lock, polling (with a growing pause, at most 200 ms) for up
     /// to `wait`; `None` if it stayed taken.
-    pub async fn acquire(&self, wait: Duration) -> Result<Option<LockGuard>, Error> {
+    pub async fn acquire(&self, wait: Duration) -> Result<Option<LockGuard<C>>, Error> {
         let deadline = tokio::time::Instant::now() + wait;
         let mut pause = Duration::from_millis(10);
         loop {
@@ -156,28 +153,27 @@ impl RedisLock {
 
 /// A held lock. Release it with [`LockGuard::release`]; dropping it without
 /// releasing leaves the lock taken until its lease ends.
-#[derive(Debug)]
-pub struct LockGuard {
-    inner: Arc<GuardInner>,
+pub struct LockGuard<C> {
+    inner: Arc<GuardInner<C>>,
 }
 
-struct GuardInner {
-    conn: ConnectionManager,
+struct GuardInner<C> {
+    conn: C,
     key: String,
     owner: String,
     lease: Duration,
 }
 
-impl std::fmt::Debug for GuardInner {
+impl<C> std::fmt::Debug for LockGuard<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockGuard")
-            .field("key", &self.key)
-            .field("lease", &self.lease)
+            .field("key", &self.inner.key)
+            .field("lease", &self.inner.lease)
             .finish_non_exhaustive()
     }
 }
 
-impl GuardInner {
+impl<C: ConnectionLike + Clone> GuardInner<C> {
     async fn renew(&self) -> Result<bool, Error> {
         let renewed: i64 = RENEW
             .key(&self.key)
@@ -190,7 +186,10 @@ impl GuardInner {
     }
 }
 
-impl LockGuard {
+impl<C> LockGuard<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
     /// This holder's owner token.
     pub fn owner(&self) -> &str {
         &self.inner.owner

@@ -21,6 +21,12 @@
 //! guessed. A duplicate is answered as a success ([`Transition::AlreadyInTarget`],
 //! [`Delivery::Duplicate`]), so upstream stops retrying.
 //!
+//! The guards are behind the `guards` feature: the SQL guards with a
+//! database feature (`postgres`, `mysql`, `sqlite`), the Redis ones with
+//! `redis`. They run on the same databases as the SQL stores (bounds name
+//! them as `idem_core::sql::Dialect`, or `GuardDb` here) and on the same
+//! Redis connections as `idem_core::redis::RedisStore`.
+//!
 //! # In your transaction
 //!
 //! The SQL guards take `&mut DB::Connection`, so they run in whatever
@@ -109,11 +115,13 @@ pub use inbox::{DEFAULT_INBOX_TABLE, Delivery, DuplicateOf, Inbox, ProcessError,
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use lock::{KeepAlive, LockGuard, RedisLock};
 #[cfg(feature = "sql")]
+pub(crate) use sql::Value;
+#[cfg(feature = "sql")]
 #[cfg_attr(
     docsrs,
     doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
 )]
-pub use sql::{GuardDb, Ident, RowId};
+pub use sql::{Ident, RowId};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use token::RedisTokens;
@@ -130,6 +138,30 @@ pub use token::{DEFAULT_TOKEN_TABLE, SqlTokens};
     doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
 )]
 pub use transition::{LifecycleState, StateMachine, Transition};
+
+/// The databases the SQL guards run on: every
+/// [`Dialect`](crate::sql::Dialect), the SQL stores' too. A name for bounds
+/// that brings none of the dialect's items into scope.
+///
+/// ```
+/// # #[cfg(feature = "sqlite")] {
+/// use idem_core::guards::{GuardDb, Inbox};
+///
+/// fn pool_of<DB: GuardDb>(inbox: &Inbox<DB>) -> &idem_core::sql::sqlx::Pool<DB> {
+///     inbox.pool()
+/// }
+/// # let _ = pool_of::<idem_core::sql::sqlx::Sqlite>;
+/// # }
+/// ```
+#[cfg(feature = "sql")]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
+)]
+pub trait GuardDb: crate::sql::Dialect {}
+
+#[cfg(feature = "sql")]
+impl<DB: crate::sql::Dialect> GuardDb for DB {}
 
 /// The Redis client the Redis guards are built on, so your
 /// `ConnectionManager` is the very type they take.

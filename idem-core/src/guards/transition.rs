@@ -4,7 +4,8 @@
 use std::fmt;
 use std::marker::PhantomData;
 
-use super::sql::{GuardConn, Ident, RowId, Value, config, db_error, update_one};
+use super::sql::{Ident, Params, RowId, Value, config, db_error, update_one};
+use crate::sql::Dialect;
 use crate::{Error, ErrorKind};
 
 /// How many times a transition retries when the row moved back into a
@@ -164,13 +165,16 @@ impl<S: LifecycleState> StateMachine<S> {
     /// error. A stored state [`LifecycleState::from_stored`] does not know is
     /// [`ErrorKind::Corrupt`]; a database error is
     /// [`ErrorKind::Unavailable`].
-    pub async fn transition<C: GuardConn>(
+    pub async fn transition<C>(
         &self,
         conn: &mut C,
         id: impl Into<RowId<'_>>,
         from: &[S],
         to: S,
-    ) -> Result<Transition<S>, Error> {
+    ) -> Result<Transition<S>, Error>
+    where
+        C: sqlx::Connection<Database: Dialect>,
+    {
         if from.is_empty() {
             return Err(config("a transition needs at least one source state"));
         }
@@ -179,9 +183,18 @@ impl<S: LifecycleState> StateMachine<S> {
                 "{to:?} is both a source and the target of the transition"
             )));
         }
-        let id = id.into();
+        self.run::<C::Database>(conn, id.into(), from, to).await
+    }
+
+    async fn run<DB: Dialect>(
+        &self,
+        conn: &mut DB::Connection,
+        id: RowId<'_>,
+        from: &[S],
+        to: S,
+    ) -> Result<Transition<S>, Error> {
         let (table, id_col, state) = (&self.table, &self.id, &self.state);
-        let mut p = C::KIND.params();
+        let mut p = Params::<DB>::new();
         let update = format!(
             "UPDATE {table} SET {state} = {} WHERE {id_col} = {} AND {state} IN ({})",
             p.next(),
@@ -192,16 +205,15 @@ impl<S: LifecycleState> StateMachine<S> {
         args.extend(from.iter().map(|s| Value::Text(s.as_str())));
         let reread = format!(
             "SELECT {state} FROM {table} WHERE {id_col} = {}{}",
-            C::KIND.params().next(),
-            C::KIND.lock()
+            DB::placeholder(1),
+            DB::FOR_UPDATE,
         );
 
         for _ in 0..ATTEMPTS {
-            if update_one(conn, &update, &args, (table, id_col), "a transition").await? {
+            if update_one::<DB>(conn, &update, &args, (table, id_col), "a transition").await? {
                 return Ok(Transition::Applied);
             }
-            let Some(text) = conn
-                .fetch_text(reread.clone(), &[id.value()])
+            let Some(text) = DB::fetch_text(conn, reread.clone(), &[id.value()])
                 .await
                 .map_err(db_error)?
             else {

@@ -105,9 +105,7 @@ where
     }
 }
 
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-}
+use crate::time::millis;
 
 fn unavailable(err: ::redis::RedisError) -> Error {
     Error::new(ErrorKind::Unavailable, err)

@@ -293,9 +293,7 @@ pub(crate) fn key_hash(key: &IdempotencyKey) -> [u8; 32] {
     *blake3::hash(key.as_str().as_bytes()).as_bytes()
 }
 
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX).max(1)
-}
+use crate::time::millis;
 
 /// Maps a database error to the store error contract.
 fn unavailable(err: sqlx::Error) -> Error {
@@ -308,6 +306,10 @@ fn unavailable(err: sqlx::Error) -> Error {
     }
 }
 
+/// Checks that `name` is an identifier, as every table and column name
+/// spliced into SQL unquoted must be (the stores' tables, the guards' tables
+/// and columns): ASCII letters, digits and underscores, not starting with a
+/// digit, at most 48 bytes. An [`ErrorKind::Config`] error if not.
 pub(crate) fn validate_identifier(name: &str) -> Result<(), Error> {
     let mut bytes = name.bytes();
     let valid = name.len() <= 48
@@ -321,7 +323,7 @@ pub(crate) fn validate_identifier(name: &str) -> Result<(), Error> {
         Err(Error::new(
             ErrorKind::Config,
             format!(
-                "{name:?} is not a valid table name: use ASCII letters, digits and \
+                "{name:?} is not a valid SQL identifier: use ASCII letters, digits and \
                  underscores, not starting with a digit, at most 48 bytes"
             ),
         ))

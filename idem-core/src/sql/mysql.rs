@@ -10,10 +10,14 @@ use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, MySql};
 
 use super::dialect::{
-    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, bind_claim, has_code, record_row, render,
-    sealed, shared_statements,
+    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, bind_claim, has_code, record_row, sealed,
+    shared_statements,
 };
+#[cfg(feature = "guards")]
+use super::dialect::{bind_all, guard_statements, int_columns};
 use crate::OwnerToken;
+#[cfg(feature = "guards")]
+use crate::guards::Value;
 
 const MIGRATIONS: &[(i64, &str)] = &[(
     1,
@@ -26,58 +30,85 @@ impl sealed::Sealed for MySql {}
 /// assigned last: MySQL evaluates assignments left to right, and later ones
 /// would see the new expiry.
 fn take_over(column: &str, new: &str) -> String {
-    format!("{column} = IF(expires_at <= UTC_TIMESTAMP(6), {new}, {column})")
+    format!(
+        "{column} = IF(expires_at <= {}, {new}, {column})",
+        MySql::NOW
+    )
 }
 
 impl Dialect for MySql {
+    fn placeholder(_: usize) -> String {
+        "?".to_owned()
+    }
+
+    const NOW: &'static str = "UTC_TIMESTAMP(6)";
+
+    fn now_plus_ms(ms: &str) -> String {
+        format!("{} + INTERVAL ({ms} * 1000) MICROSECOND", Self::NOW)
+    }
+
+    fn ms_until(column: &str) -> String {
+        Self::int(&format!(
+            "TIMESTAMPDIFF(MICROSECOND, {}, {column}) DIV 1000",
+            Self::NOW
+        ))
+    }
+
+    fn int(expr: &str) -> String {
+        format!("CAST({expr} AS SIGNED)")
+    }
+
+    fn insert_or_skip(into: &str, values: &str) -> String {
+        format!("INSERT IGNORE INTO {into} VALUES ({values})")
+    }
+
+    const FOR_UPDATE: &'static str = " FOR UPDATE";
+    const FOR_SHARE: &'static str = " LOCK IN SHARE MODE";
+    const TIMESTAMP: &'static str = "DATETIME(6)";
+    const SHORT_TEXT: &'static str = "VARCHAR(255)";
+    const HASH: &'static str = "VARBINARY(32)";
+    const TABLE_OPTIONS: &'static str = " ENGINE = InnoDB";
+
     fn queries(table: &str) -> Queries {
+        let (now, left) = (Self::NOW, Self::ms_until("expires_at"));
+        let expires = Self::now_plus_ms("?");
         let updates = [
             take_over("idem_key", "VALUES(idem_key)"),
             take_over("state", "'I'"),
             take_over("owner", "VALUES(owner)"),
             take_over("fingerprint", "VALUES(fingerprint)"),
             take_over("outcome", "NULL"),
-            take_over("created_at", "UTC_TIMESTAMP(6)"),
+            take_over("created_at", now),
             take_over("expires_at", "VALUES(expires_at)"),
         ]
         .join(", ");
         Queries {
-            claim: render(
-                &format!(
-                    "INSERT INTO {{table}} \
-                       (key_hash, idem_key, state, owner, fingerprint, outcome, expires_at, created_at) \
-                     VALUES (?, ?, 'I', ?, ?, NULL, \
-                       UTC_TIMESTAMP(6) + INTERVAL (? * 1000) MICROSECOND, UTC_TIMESTAMP(6)) \
-                     ON DUPLICATE KEY UPDATE {updates}"
-                ),
-                table,
-            ),
-            select: render(
-                "SELECT state, owner, fingerprint, outcome, \
-                   CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) DIV 1000 AS SIGNED) \
-                 FROM {table} WHERE key_hash = ?",
-                table,
-            ),
-            complete: render(
-                "UPDATE {table} SET state = 'C', owner = NULL, outcome = ?, \
-                   expires_at = UTC_TIMESTAMP(6) + INTERVAL (? * 1000) MICROSECOND \
-                 WHERE key_hash = ? AND state = 'I' AND owner = ?",
-                table,
-            ),
-            release: render(
-                "DELETE FROM {table} WHERE key_hash = ? AND state = 'I' AND owner = ?",
-                table,
-            ),
-            renew: render(
-                "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL (? * 1000) MICROSECOND \
-                 WHERE key_hash = ? AND state = 'I' AND owner = ? \
-                   AND expires_at > UTC_TIMESTAMP(6)",
-                table,
-            ),
-            purge: render(
-                "DELETE FROM {table} WHERE expires_at < UTC_TIMESTAMP(6) LIMIT ?",
-                table,
-            ),
+            claim: format!(
+                "INSERT INTO {table} \
+                   (key_hash, idem_key, state, owner, fingerprint, outcome, expires_at, created_at) \
+                 VALUES (?, ?, 'I', ?, ?, NULL, {expires}, {now}) \
+                 ON DUPLICATE KEY UPDATE {updates}"
+            )
+            .into(),
+            select: format!(
+                "SELECT state, owner, fingerprint, outcome, {left} FROM {table} WHERE key_hash = ?"
+            )
+            .into(),
+            complete: format!(
+                "UPDATE {table} SET state = 'C', owner = NULL, outcome = ?, expires_at = {expires} \
+                 WHERE key_hash = ? AND state = 'I' AND owner = ?"
+            )
+            .into(),
+            release: format!(
+                "DELETE FROM {table} WHERE key_hash = ? AND state = 'I' AND owner = ?"
+            )
+            .into(),
+            renew: format!(
+                "UPDATE {table} SET expires_at = {expires} \
+                 WHERE key_hash = ? AND state = 'I' AND owner = ? AND expires_at > {now}"
+            )
+            .into(),
+            purge: format!("DELETE FROM {table} WHERE expires_at < {now} LIMIT ?").into(),
         }
     }
 
@@ -94,12 +125,15 @@ impl Dialect for MySql {
             sqlx::raw_sql(AssertSqlSafe(format!(
                 "CREATE TABLE IF NOT EXISTS {table}_schema ( \
                    version BIGINT NOT NULL PRIMARY KEY, \
-                   applied_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE = InnoDB"
+                   applied_at {} NOT NULL DEFAULT CURRENT_TIMESTAMP(6)){}",
+                Self::TIMESTAMP,
+                Self::TABLE_OPTIONS,
             )))
             .execute(&mut *conn)
             .await?;
             let applied: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
-                "SELECT CAST(MAX(version) AS SIGNED) FROM {table}_schema"
+                "SELECT {} FROM {table}_schema",
+                Self::int("MAX(version)"),
             )))
             .fetch_one(&mut *conn)
             .await?;
@@ -110,8 +144,9 @@ impl Dialect for MySql {
                 sqlx::raw_sql(AssertSqlSafe(sql.replace("{table}", table)))
                     .execute(&mut *conn)
                     .await?;
-                sqlx::query(AssertSqlSafe(format!(
-                    "INSERT IGNORE INTO {table}_schema (version) VALUES (?)"
+                sqlx::query(AssertSqlSafe(Self::insert_or_skip(
+                    &format!("{table}_schema (version)"),
+                    &Self::placeholder(1),
                 )))
                 .bind(version)
                 .execute(&mut *conn)
@@ -185,5 +220,57 @@ impl Dialect for MySql {
 
     fn handle(slot: super::TxSlot<Self>) -> crate::store::TxHandle {
         crate::store::TxHandle::MySql(slot)
+    }
+
+    #[cfg(feature = "guards")]
+    guard_statements!(MySqlConnection);
+
+    #[cfg(feature = "guards")]
+    async fn delete_returning(conn: &mut MySqlConnection) -> Result<bool, sqlx::Error> {
+        let version: String = sqlx::query_scalar("SELECT VERSION()")
+            .fetch_one(&mut *conn)
+            .await?;
+        Ok(mariadb_has_delete_returning(&version))
+    }
+
+    #[cfg(feature = "guards")]
+    async fn create_table(
+        pool: &sqlx::Pool<Self>,
+        _table: &str,
+        ddl: String,
+    ) -> Result<(), sqlx::Error> {
+        // DDL commits by itself; CREATE TABLE IF NOT EXISTS is safe to race.
+        sqlx::raw_sql(AssertSqlSafe(ddl))
+            .execute(pool)
+            .await
+            .map(drop)
+    }
+}
+
+/// Whether a MySQL-protocol server takes `DELETE ... RETURNING`: MariaDB
+/// 10.5 and later (it appeared in 10.0.5, but no release line before 10.5 is
+/// still supported, so the floor costs nothing); MySQL has none.
+#[cfg(feature = "guards")]
+fn mariadb_has_delete_returning(version: &str) -> bool {
+    if !version.to_ascii_lowercase().contains("mariadb") {
+        return false;
+    }
+    let mut parts = version.split(['.', '-']).map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(major), Some(minor)) => (major, minor) >= (10, 5),
+        _ => false,
+    }
+}
+
+#[cfg(all(test, feature = "guards"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delete_returning_by_server_version() {
+        assert!(mariadb_has_delete_returning("10.11.19-MariaDB-0+deb12u1"));
+        assert!(mariadb_has_delete_returning("11.4.2-MariaDB"));
+        assert!(!mariadb_has_delete_returning("10.4.30-MariaDB"));
+        assert!(!mariadb_has_delete_returning("8.0.36"));
     }
 }

@@ -8,10 +8,14 @@ use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Postgres, Row};
 
 use super::dialect::{
-    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, bind_claim, has_code, record_row, render,
-    sealed, shared_statements,
+    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, bind_claim, has_code, record_row, sealed,
+    shared_statements,
 };
+#[cfg(feature = "guards")]
+use super::dialect::{bind_all, guard_statements, int_columns};
 use crate::OwnerToken;
+#[cfg(feature = "guards")]
+use crate::guards::Value;
 
 const MIGRATIONS: &[(i64, &str)] = &[(
     1,
@@ -21,7 +25,42 @@ const MIGRATIONS: &[(i64, &str)] = &[(
 impl sealed::Sealed for Postgres {}
 
 impl Dialect for Postgres {
+    fn placeholder(n: usize) -> String {
+        format!("${n}")
+    }
+
+    const NOW: &'static str = "now()";
+
+    fn now_plus_ms(ms: &str) -> String {
+        format!("{} + {ms}::bigint * interval '1 millisecond'", Self::NOW)
+    }
+
+    fn ms_until(column: &str) -> String {
+        format!(
+            "(EXTRACT(EPOCH FROM ({column} - {})) * 1000)::int8",
+            Self::NOW
+        )
+    }
+
+    fn int(expr: &str) -> String {
+        format!("CAST({expr} AS BIGINT)")
+    }
+
+    fn insert_or_skip(into: &str, values: &str) -> String {
+        // With no conflict target: any unique key.
+        format!("INSERT INTO {into} VALUES ({values}) ON CONFLICT DO NOTHING")
+    }
+
+    const FOR_UPDATE: &'static str = " FOR UPDATE";
+    const FOR_SHARE: &'static str = " FOR SHARE";
+    const TIMESTAMP: &'static str = "TIMESTAMPTZ";
+    const SHORT_TEXT: &'static str = "TEXT";
+    const HASH: &'static str = "BYTEA";
+    const TABLE_OPTIONS: &'static str = "";
+
     fn queries(table: &str) -> Queries {
+        let (now, left) = (Self::NOW, Self::ms_until("expires_at"));
+        let expires = Self::now_plus_ms;
         Queries {
             // `live` and the insert see one snapshot: with a live row the
             // insert has nothing to insert, so it neither locks the row nor
@@ -29,69 +68,66 @@ impl Dialect for Postgres {
             // the upsert arbitrates as the unique index decides; a claim
             // that committed after the snapshot makes it return nothing, and
             // the caller reads that row.
-            claim: render(
+            claim: format!(
                 "WITH live AS ( \
-                   SELECT state::text AS state, owner, fingerprint, outcome, \
-                     (EXTRACT(EPOCH FROM (expires_at - now())) * 1000)::int8 AS ms_left \
-                   FROM {table} WHERE key_hash = $1 AND expires_at > now() \
+                   SELECT state::text AS state, owner, fingerprint, outcome, {left} AS ms_left \
+                   FROM {table} WHERE key_hash = $1 AND expires_at > {now} \
                  ), claimed AS ( \
                    INSERT INTO {table} AS r \
                      (key_hash, idem_key, state, owner, fingerprint, outcome, expires_at) \
-                   SELECT $1, $2, 'I', $3, $4, NULL, \
-                     now() + $5::bigint * interval '1 millisecond' \
+                   SELECT $1, $2, 'I', $3, $4, NULL, {lease_end} \
                    WHERE NOT EXISTS (SELECT 1 FROM live) \
                    ON CONFLICT (key_hash) DO UPDATE SET \
                      idem_key = EXCLUDED.idem_key, state = 'I', owner = EXCLUDED.owner, \
                      fingerprint = EXCLUDED.fingerprint, outcome = NULL, \
-                     expires_at = EXCLUDED.expires_at, created_at = now() \
-                   WHERE r.expires_at <= now() \
+                     expires_at = EXCLUDED.expires_at, created_at = {now} \
+                   WHERE r.expires_at <= {now} \
                    RETURNING 1 \
                  ) \
                  SELECT EXISTS (SELECT 1 FROM claimed), \
                    live.state, live.owner, live.fingerprint, live.outcome, live.ms_left \
                  FROM (SELECT 1) AS one LEFT JOIN live ON true",
-                table,
-            ),
-            select: render(
-                "SELECT state::text, owner, fingerprint, outcome, \
-                   (EXTRACT(EPOCH FROM (expires_at - now())) * 1000)::int8 \
-                 FROM {table} WHERE key_hash = $1",
-                table,
-            ),
-            complete: render(
-                "UPDATE {table} SET state = 'C', owner = NULL, outcome = $1, \
-                   expires_at = now() + $2::bigint * interval '1 millisecond' \
+                lease_end = expires("$5"),
+            )
+            .into(),
+            select: format!(
+                "SELECT state::text, owner, fingerprint, outcome, {left} \
+                 FROM {table} WHERE key_hash = $1"
+            )
+            .into(),
+            complete: format!(
+                "UPDATE {table} SET state = 'C', owner = NULL, outcome = $1, expires_at = {} \
                  WHERE key_hash = $3 AND state = 'I' AND owner = $4",
-                table,
-            ),
-            release: render(
-                "DELETE FROM {table} WHERE key_hash = $1 AND state = 'I' AND owner = $2",
-                table,
-            ),
-            renew: render(
-                "UPDATE {table} SET expires_at = now() + $1::bigint * interval '1 millisecond' \
-                 WHERE key_hash = $2 AND state = 'I' AND owner = $3 AND expires_at > now()",
-                table,
-            ),
-            purge: render(
+                expires("$2"),
+            )
+            .into(),
+            release: format!(
+                "DELETE FROM {table} WHERE key_hash = $1 AND state = 'I' AND owner = $2"
+            )
+            .into(),
+            renew: format!(
+                "UPDATE {table} SET expires_at = {} \
+                 WHERE key_hash = $2 AND state = 'I' AND owner = $3 AND expires_at > {now}",
+                expires("$1"),
+            )
+            .into(),
+            purge: format!(
                 "DELETE FROM {table} WHERE key_hash IN ( \
-                   SELECT key_hash FROM {table} WHERE expires_at < now() \
-                   LIMIT $1 FOR UPDATE SKIP LOCKED)",
-                table,
-            ),
+                   SELECT key_hash FROM {table} WHERE expires_at < {now} \
+                   LIMIT $1 FOR UPDATE SKIP LOCKED)"
+            )
+            .into(),
         }
     }
 
     async fn migrate(pool: &sqlx::Pool<Self>, table: &str) -> Result<(), sqlx::Error> {
         let mut tx = pool.begin().await?;
-        // One migrator at a time; the lock ends with the transaction.
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
-            .bind(format!("idem-migrate:{table}"))
-            .execute(&mut *tx)
-            .await?;
+        lock_until_commit(&mut tx, format!("idem-migrate:{table}")).await?;
         sqlx::raw_sql(AssertSqlSafe(format!(
             "CREATE TABLE IF NOT EXISTS {table}_schema ( \
-               version BIGINT PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+               version BIGINT PRIMARY KEY, applied_at {} NOT NULL DEFAULT {})",
+            Self::TIMESTAMP,
+            Self::NOW,
         )))
         .execute(&mut *tx)
         .await?;
@@ -107,8 +143,9 @@ impl Dialect for Postgres {
             sqlx::raw_sql(AssertSqlSafe(sql.replace("{table}", table)))
                 .execute(&mut *tx)
                 .await?;
-            sqlx::query(AssertSqlSafe(format!(
-                "INSERT INTO {table}_schema (version) VALUES ($1)"
+            sqlx::query(AssertSqlSafe(Self::insert_or_skip(
+                &format!("{table}_schema (version)"),
+                &Self::placeholder(1),
             )))
             .bind(version)
             .execute(&mut *tx)
@@ -176,6 +213,37 @@ impl Dialect for Postgres {
     fn handle(slot: super::TxSlot<Self>) -> crate::store::TxHandle {
         crate::store::TxHandle::Postgres(slot)
     }
+
+    #[cfg(feature = "guards")]
+    guard_statements!(PgConnection);
+
+    #[cfg(feature = "guards")]
+    async fn delete_returning(_: &mut PgConnection) -> Result<bool, sqlx::Error> {
+        Ok(true)
+    }
+
+    #[cfg(feature = "guards")]
+    async fn create_table(
+        pool: &sqlx::Pool<Self>,
+        table: &str,
+        ddl: String,
+    ) -> Result<(), sqlx::Error> {
+        // Concurrent CREATE TABLE IF NOT EXISTS can collide in pg_type.
+        let mut tx = pool.begin().await?;
+        lock_until_commit(&mut tx, format!("idem-guards:{table}")).await?;
+        sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut *tx).await?;
+        tx.commit().await
+    }
+}
+
+/// Takes the advisory lock `name` in the transaction on `conn`, waiting for
+/// it: one holder at a time, until the transaction ends.
+async fn lock_until_commit(conn: &mut PgConnection, name: String) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+        .bind(name)
+        .execute(&mut *conn)
+        .await
+        .map(drop)
 }
 
 /// The advisory lock id of a key: the first 8 bytes of its hash.

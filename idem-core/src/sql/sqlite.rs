@@ -10,47 +10,97 @@ use sqlx::sqlite::SqliteConnection;
 use sqlx::{AssertSqlSafe, Sqlite};
 
 use super::dialect::{
-    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, bind_claim, has_code, record_row, render,
-    sealed, shared_statements,
+    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, bind_claim, has_code, record_row, sealed,
+    shared_statements,
 };
+#[cfg(feature = "guards")]
+use super::dialect::{bind_all, guard_statements, int_columns};
 use crate::OwnerToken;
+#[cfg(feature = "guards")]
+use crate::guards::Value;
 
 const MIGRATIONS: &[(i64, &str)] = &[(
     1,
     include_str!("../../migrations/sqlite/0001_create_records.sql"),
 )];
 
-const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
-
 impl sealed::Sealed for Sqlite {}
 
 impl Dialect for Sqlite {
+    fn placeholder(n: usize) -> String {
+        format!("?{n}")
+    }
+
+    /// Unix milliseconds.
+    const NOW: &'static str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+
+    fn now_plus_ms(ms: &str) -> String {
+        format!("{} + {ms}", Self::NOW)
+    }
+
+    fn ms_until(column: &str) -> String {
+        format!("{column} - {}", Self::NOW)
+    }
+
+    fn int(expr: &str) -> String {
+        expr.to_owned()
+    }
+
+    fn insert_or_skip(into: &str, values: &str) -> String {
+        // With no conflict target: any unique key.
+        format!("INSERT INTO {into} VALUES ({values}) ON CONFLICT DO NOTHING")
+    }
+
+    // No row locks: a writer holds the whole database's write lock.
+    const FOR_UPDATE: &'static str = "";
+    const FOR_SHARE: &'static str = "";
+    const TIMESTAMP: &'static str = "INTEGER";
+    const SHORT_TEXT: &'static str = "TEXT";
+    const HASH: &'static str = "BLOB";
+    const TABLE_OPTIONS: &'static str = "";
+
     fn queries(table: &str) -> Queries {
-        let sql = |s: &str| render(&s.replace("{now}", NOW_MS), table);
+        let (now, left) = (Self::NOW, Self::ms_until("expires_at"));
+        let expires = Self::now_plus_ms;
         Queries {
-            claim: sql("INSERT INTO {table} AS r \
+            claim: format!(
+                "INSERT INTO {table} AS r \
                    (key_hash, idem_key, state, owner, fingerprint, outcome, expires_at) \
-                 VALUES (?1, ?2, 'I', ?3, ?4, NULL, {now} + ?5) \
+                 VALUES (?1, ?2, 'I', ?3, ?4, NULL, {lease_end}) \
                  ON CONFLICT (key_hash) DO UPDATE SET \
                    idem_key = excluded.idem_key, state = 'I', owner = excluded.owner, \
                    fingerprint = excluded.fingerprint, outcome = NULL, \
                    expires_at = excluded.expires_at, created_at = {now} \
                  WHERE r.expires_at <= {now} \
-                 RETURNING 1"),
-            select: sql(
-                "SELECT state, owner, fingerprint, outcome, expires_at - {now} \
-                 FROM {table} WHERE key_hash = ?1",
-            ),
-            complete: sql(
-                "UPDATE {table} SET state = 'C', owner = NULL, outcome = ?1, \
-                   expires_at = {now} + ?2 \
+                 RETURNING 1",
+                lease_end = expires("?5"),
+            )
+            .into(),
+            select: format!(
+                "SELECT state, owner, fingerprint, outcome, {left} FROM {table} WHERE key_hash = ?1"
+            )
+            .into(),
+            complete: format!(
+                "UPDATE {table} SET state = 'C', owner = NULL, outcome = ?1, expires_at = {} \
                  WHERE key_hash = ?3 AND state = 'I' AND owner = ?4",
-            ),
-            release: sql("DELETE FROM {table} WHERE key_hash = ?1 AND state = 'I' AND owner = ?2"),
-            renew: sql("UPDATE {table} SET expires_at = {now} + ?1 \
-                 WHERE key_hash = ?2 AND state = 'I' AND owner = ?3 AND expires_at > {now}"),
-            purge: sql("DELETE FROM {table} WHERE key_hash IN ( \
-                   SELECT key_hash FROM {table} WHERE expires_at < {now} LIMIT ?1)"),
+                expires("?2"),
+            )
+            .into(),
+            release: format!(
+                "DELETE FROM {table} WHERE key_hash = ?1 AND state = 'I' AND owner = ?2"
+            )
+            .into(),
+            renew: format!(
+                "UPDATE {table} SET expires_at = {} \
+                 WHERE key_hash = ?2 AND state = 'I' AND owner = ?3 AND expires_at > {now}",
+                expires("?1"),
+            )
+            .into(),
+            purge: format!(
+                "DELETE FROM {table} WHERE key_hash IN ( \
+                   SELECT key_hash FROM {table} WHERE expires_at < {now} LIMIT ?1)"
+            )
+            .into(),
         }
     }
 
@@ -60,7 +110,9 @@ impl Dialect for Sqlite {
         sqlx::raw_sql(AssertSqlSafe(format!(
             "CREATE TABLE IF NOT EXISTS {table}_schema ( \
                version INTEGER PRIMARY KEY, \
-               applied_at INTEGER NOT NULL DEFAULT ({NOW_MS}))"
+               applied_at {} NOT NULL DEFAULT ({}))",
+            Self::TIMESTAMP,
+            Self::NOW,
         )))
         .execute(&mut *tx)
         .await?;
@@ -76,8 +128,9 @@ impl Dialect for Sqlite {
             sqlx::raw_sql(AssertSqlSafe(sql.replace("{table}", table)))
                 .execute(&mut *tx)
                 .await?;
-            sqlx::query(AssertSqlSafe(format!(
-                "INSERT OR IGNORE INTO {table}_schema (version) VALUES (?1)"
+            sqlx::query(AssertSqlSafe(Self::insert_or_skip(
+                &format!("{table}_schema (version)"),
+                &Self::placeholder(1),
             )))
             .bind(version)
             .execute(&mut *tx)
@@ -128,5 +181,26 @@ impl Dialect for Sqlite {
 
     fn handle(slot: super::TxSlot<Self>) -> crate::store::TxHandle {
         crate::store::TxHandle::Sqlite(slot)
+    }
+
+    #[cfg(feature = "guards")]
+    guard_statements!(SqliteConnection);
+
+    #[cfg(feature = "guards")]
+    async fn delete_returning(_: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
+        // Since SQLite 3.35; the `sqlite` feature links sqlx's bundled
+        // SQLite, which is later.
+        Ok(true)
+    }
+
+    #[cfg(feature = "guards")]
+    async fn create_table(
+        pool: &sqlx::Pool<Self>,
+        _table: &str,
+        ddl: String,
+    ) -> Result<(), sqlx::Error> {
+        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut *tx).await?;
+        tx.commit().await
     }
 }

@@ -1,10 +1,7 @@
-//! What differs between databases: SQL text, clocks and error codes.
-//!
-//! [`Dialect`] is sealed: its items are public so they can appear in its
-//! signatures, but this module is private, so nothing outside the crate can
-//! name them or implement the trait.
+//! The stores' side of the dialect: the statements of one store's table,
+//! what a claim writes and reads back, and the Rust side of the statements
+//! that is the same on every database.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,7 +42,9 @@ pub enum ClaimStep {
 
 impl ClaimStep {
     /// What a claim that wrote nothing found in the way on reading the row
-    /// back: the row, or nothing if it went meanwhile.
+    /// back: the row, or nothing if it went meanwhile. (MySQL's claim
+    /// always reads back, and tells the three apart by the owner.)
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
     pub(crate) fn found(row: Option<RecordRow>) -> Self {
         row.map_or(Self::Vanished, Self::Existing)
     }
@@ -97,107 +96,6 @@ impl RecordRow {
         let left = Duration::from_millis(self.ms_left.unsigned_abs());
         Ok(Some(record.claim_answer(fingerprint, left)))
     }
-}
-
-/// A database idem can keep records in.
-pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
-    #[doc(hidden)]
-    fn queries(table: &str) -> Queries;
-
-    #[doc(hidden)]
-    fn migrate(
-        pool: &sqlx::Pool<Self>,
-        table: &str,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
-
-    /// Whether [`Dialect::claim`] answers a live row without writing by
-    /// itself; if not, a claim outside a transaction reads first.
-    #[doc(hidden)]
-    const CLAIM_READS_FIRST: bool;
-
-    #[doc(hidden)]
-    fn claim(
-        conn: &mut Self::Connection,
-        queries: &Queries,
-        args: ClaimArgs<'_>,
-    ) -> impl Future<Output = Result<ClaimStep, sqlx::Error>> + Send;
-
-    /// The row of `key_hash` with the time it has left, by a plain
-    /// (non-locking) read; `None` if there is none.
-    #[doc(hidden)]
-    fn read(
-        conn: &mut Self::Connection,
-        queries: &Queries,
-        key_hash: &[u8; 32],
-    ) -> impl Future<Output = Result<Option<RecordRow>, sqlx::Error>> + Send;
-
-    /// `true` if the row was ours and is now completed.
-    #[doc(hidden)]
-    fn complete(
-        conn: &mut Self::Connection,
-        queries: &Queries,
-        key_hash: &[u8; 32],
-        owner: &OwnerToken,
-        outcome: &[u8],
-        retention_ms: i64,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
-
-    /// `true` if the row was ours and is now gone.
-    #[doc(hidden)]
-    fn release(
-        conn: &mut Self::Connection,
-        queries: &Queries,
-        key_hash: &[u8; 32],
-        owner: &OwnerToken,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
-
-    /// `true` if the row was ours, in flight with a live lease, and now
-    /// expires `lease_ms` from now.
-    #[doc(hidden)]
-    fn renew(
-        conn: &mut Self::Connection,
-        queries: &Queries,
-        key_hash: &[u8; 32],
-        owner: &OwnerToken,
-        lease_ms: i64,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
-
-    /// Deletes up to `batch` expired rows; how many it deleted.
-    #[doc(hidden)]
-    fn purge(
-        conn: &mut Self::Connection,
-        queries: &Queries,
-        batch: i64,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
-
-    /// Opens a transactional claim of `key_hash` in the transaction on
-    /// `conn`, so that a duplicate learns "in flight" without waiting on it:
-    /// `false` if another open transaction holds the key. Also bounds how
-    /// long the claim waits on any other lock.
-    #[doc(hidden)]
-    fn begin_claim(
-        conn: &mut Self::Connection,
-        key_hash: &[u8; 32],
-        timeout: Duration,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
-
-    /// After the claim statement, on every path: sets how long the
-    /// handler's own statements wait for row locks (`timeout`).
-    #[doc(hidden)]
-    fn end_claim(
-        conn: &mut Self::Connection,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
-
-    /// Whether `err` means a lock wait ran out (or a deadlock was broken):
-    /// another transaction holds the key.
-    #[doc(hidden)]
-    fn is_lock_timeout(err: &sqlx::Error) -> bool;
-
-    /// The open transaction of a claim, as the handle its handler borrows
-    /// it through.
-    #[doc(hidden)]
-    fn handle(slot: super::TxSlot<Self>) -> crate::store::TxHandle;
 }
 
 /// The methods whose Rust side is the same on every database: the SQL of
@@ -315,19 +213,9 @@ where
     })
 }
 
-/// Renders a statement for `table`.
-pub(crate) fn render(template: &str, table: &str) -> Arc<str> {
-    template.replace("{table}", table).into()
-}
-
 /// Whether `err` is a database error with one of these codes.
 pub(crate) fn has_code(err: &sqlx::Error, codes: &[&str]) -> bool {
     err.as_database_error()
         .and_then(|e| e.code())
         .is_some_and(|code| codes.contains(&code.as_ref()))
-}
-
-pub(crate) mod sealed {
-    #[allow(unreachable_pub)] // sealed: named only inside the crate
-    pub trait Sealed {}
 }

@@ -1,0 +1,99 @@
+//! The guards' side of the dialect: how a guard's statement is bound, run
+//! and read back, the same Rust on every database.
+
+use crate::guards::Value;
+
+/// The statements the SQL guards run, written once and expanded in each
+/// database's `impl Dialect` with its concrete connection type (no
+/// higher-ranked bounds over `sqlx::Executor`).
+macro_rules! guard_statements {
+    ($conn:ty) => {
+        async fn execute(
+            conn: &mut $conn,
+            sql: String,
+            args: &[Value<'_>],
+        ) -> Result<u64, sqlx::Error> {
+            let query = bind_all(sqlx::query(AssertSqlSafe(sql)), args);
+            Ok(query.execute(&mut *conn).await?.rows_affected())
+        }
+
+        async fn fetch_text(
+            conn: &mut $conn,
+            sql: String,
+            args: &[Value<'_>],
+        ) -> Result<Option<String>, sqlx::Error> {
+            let query = bind_all(sqlx::query(AssertSqlSafe(sql)), args);
+            match query.fetch_optional(&mut *conn).await? {
+                Some(row) => sqlx::Row::try_get(&row, 0),
+                None => Ok(None),
+            }
+        }
+
+        async fn fetch_ints(
+            conn: &mut $conn,
+            sql: String,
+            args: &[Value<'_>],
+        ) -> Result<Option<Vec<Option<i64>>>, sqlx::Error> {
+            let query = bind_all(sqlx::query(AssertSqlSafe(sql)), args);
+            match query.fetch_optional(&mut *conn).await? {
+                Some(row) => int_columns(&row).map(Some),
+                None => Ok(None),
+            }
+        }
+
+        async fn read_then_delete(
+            conn: &mut $conn,
+            select: String,
+            delete: String,
+            args: &[Value<'_>],
+        ) -> Result<Option<Vec<Option<i64>>>, sqlx::Error> {
+            let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+            let read = bind_all(sqlx::query(AssertSqlSafe(select)), args)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let Some(row) = read else {
+                tx.rollback().await?;
+                return Ok(None);
+            };
+            let ints = int_columns(&row)?;
+            let deleted = bind_all(sqlx::query(AssertSqlSafe(delete)), args)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            tx.commit().await?;
+            Ok((deleted == 1).then_some(ints))
+        }
+    };
+}
+pub(crate) use guard_statements;
+
+/// Binds `args` to a query, in order.
+pub(crate) fn bind_all<'q, DB>(
+    mut query: sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>,
+    args: &[Value<'q>],
+) -> sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>
+where
+    DB: sqlx::Database,
+    &'q [u8]: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    for arg in args {
+        query = match *arg {
+            Value::Text(s) => query.bind(s),
+            Value::Int(i) => query.bind(i),
+            Value::Bytes(b) => query.bind(b),
+        };
+    }
+    query
+}
+
+/// Every column of `row` as a nullable `i64`.
+pub(crate) fn int_columns<R>(row: &R) -> Result<Vec<Option<i64>>, sqlx::Error>
+where
+    R: sqlx::Row,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    usize: sqlx::ColumnIndex<R>,
+{
+    (0..row.len()).map(|i| row.try_get(i)).collect()
+}

@@ -1,0 +1,269 @@
+//! What differs between databases, each fact once: how parameters are
+//! spelled, the clock, lock clauses, casts, DDL types and options, error
+//! codes, and the statements the SQL stores and the SQL guards run. The
+//! facts are written in `sql/postgres.rs`, `sql/mysql.rs` and
+//! `sql/sqlite.rs`; SQL text elsewhere is built from them.
+//!
+//! [`Dialect`] is sealed: its items are public so they can appear in its
+//! signatures, but this module is private, so nothing outside the crate can
+//! name them or implement the trait.
+
+#[cfg(feature = "guards")]
+mod guards;
+mod record;
+
+use std::future::Future;
+use std::time::Duration;
+
+#[cfg(feature = "guards")]
+pub(crate) use guards::{bind_all, guard_statements, int_columns};
+pub(crate) use record::{
+    ClaimArgs, ClaimStep, Queries, RecordRow, bind_claim, has_code, record_row, shared_statements,
+};
+
+use crate::OwnerToken;
+#[cfg(feature = "guards")]
+use crate::guards::Value;
+
+/// A database idem keeps records in and runs its guards on: PostgreSQL
+/// (`sqlx::Postgres`), MySQL or MariaDB (`sqlx::MySql`), SQLite
+/// (`sqlx::Sqlite`).
+///
+/// Sealed: it is implemented for these three and names them in bounds,
+/// e.g. `SqlStore<DB: Dialect>`, `Inbox<DB: Dialect>`.
+///
+/// ```
+/// # #[cfg(feature = "sqlite")] {
+/// use idem_core::sql::{Dialect, SqlStore, sqlx::Sqlite};
+///
+/// fn table_of<DB: Dialect>(store: &SqlStore<DB>) -> &str {
+///     store.table()
+/// }
+/// # let _ = table_of::<Sqlite>;
+/// # }
+/// ```
+pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
+    // ----- SQL text -----
+
+    /// The `n`-th parameter of a statement, counted from 1: `$1`, `?` or
+    /// `?1`.
+    #[doc(hidden)]
+    fn placeholder(n: usize) -> String;
+
+    /// The database's clock, as a value of a [`Dialect::TIMESTAMP`] column.
+    #[doc(hidden)]
+    const NOW: &'static str;
+
+    /// The database's clock plus `ms` (a parameter or literal) milliseconds,
+    /// as a value of a [`Dialect::TIMESTAMP`] column.
+    #[doc(hidden)]
+    fn now_plus_ms(ms: &str) -> String;
+
+    /// Milliseconds from the database's clock until the timestamp
+    /// `column`, as a 64-bit integer.
+    #[doc(hidden)]
+    fn ms_until(column: &str) -> String;
+
+    /// `expr` read as a 64-bit integer, whatever integer type it has.
+    #[doc(hidden)]
+    fn int(expr: &str) -> String;
+
+    /// `INSERT INTO {into} VALUES ({values})` that inserts nothing, without
+    /// an error, where the row would repeat a unique key. MySQL's `INSERT
+    /// IGNORE` also turns some other errors (a value too long) into
+    /// warnings: check values first.
+    #[doc(hidden)]
+    fn insert_or_skip(into: &str, values: &str) -> String;
+
+    /// What a re-read appends to lock the row and read its latest committed
+    /// version (MySQL's plain reads see the transaction's snapshot).
+    #[doc(hidden)]
+    const FOR_UPDATE: &'static str;
+
+    /// What a re-read appends to read the latest committed version of a row
+    /// under a shared lock: enough where the caller only needs to see it,
+    /// and no deadlock with others that hold the same shared lock (as
+    /// MySQL's duplicate-key check leaves them).
+    #[doc(hidden)]
+    const FOR_SHARE: &'static str;
+
+    /// The type of a timestamp column: what [`Dialect::NOW`] is.
+    #[doc(hidden)]
+    const TIMESTAMP: &'static str;
+
+    /// The type of a short text key column (at most 255 bytes).
+    #[doc(hidden)]
+    const SHORT_TEXT: &'static str;
+
+    /// The type of a 32-byte hash column.
+    #[doc(hidden)]
+    const HASH: &'static str;
+
+    /// What follows `CREATE TABLE (...)`.
+    #[doc(hidden)]
+    const TABLE_OPTIONS: &'static str;
+
+    // ----- the stores -----
+
+    #[doc(hidden)]
+    fn queries(table: &str) -> Queries;
+
+    #[doc(hidden)]
+    fn migrate(
+        pool: &sqlx::Pool<Self>,
+        table: &str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// Whether [`Dialect::claim`] answers a live row without writing by
+    /// itself; if not, a claim outside a transaction reads first.
+    #[doc(hidden)]
+    const CLAIM_READS_FIRST: bool;
+
+    #[doc(hidden)]
+    fn claim(
+        conn: &mut Self::Connection,
+        queries: &Queries,
+        args: ClaimArgs<'_>,
+    ) -> impl Future<Output = Result<ClaimStep, sqlx::Error>> + Send;
+
+    /// The row of `key_hash` with the time it has left, by a plain
+    /// (non-locking) read; `None` if there is none.
+    #[doc(hidden)]
+    fn read(
+        conn: &mut Self::Connection,
+        queries: &Queries,
+        key_hash: &[u8; 32],
+    ) -> impl Future<Output = Result<Option<RecordRow>, sqlx::Error>> + Send;
+
+    /// `true` if the row was ours and is now completed.
+    #[doc(hidden)]
+    fn complete(
+        conn: &mut Self::Connection,
+        queries: &Queries,
+        key_hash: &[u8; 32],
+        owner: &OwnerToken,
+        outcome: &[u8],
+        retention_ms: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// `true` if the row was ours and is now gone.
+    #[doc(hidden)]
+    fn release(
+        conn: &mut Self::Connection,
+        queries: &Queries,
+        key_hash: &[u8; 32],
+        owner: &OwnerToken,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// `true` if the row was ours, in flight with a live lease, and now
+    /// expires `lease_ms` from now.
+    #[doc(hidden)]
+    fn renew(
+        conn: &mut Self::Connection,
+        queries: &Queries,
+        key_hash: &[u8; 32],
+        owner: &OwnerToken,
+        lease_ms: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// Deletes up to `batch` expired rows; how many it deleted.
+    #[doc(hidden)]
+    fn purge(
+        conn: &mut Self::Connection,
+        queries: &Queries,
+        batch: i64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// Opens a transactional claim of `key_hash` in the transaction on
+    /// `conn`, so that a duplicate learns "in flight" without waiting on it:
+    /// `false` if another open transaction holds the key. Also bounds how
+    /// long the claim waits on any other lock.
+    #[doc(hidden)]
+    fn begin_claim(
+        conn: &mut Self::Connection,
+        key_hash: &[u8; 32],
+        timeout: Duration,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// After the claim statement, on every path: sets how long the
+    /// handler's own statements wait for row locks (`timeout`).
+    #[doc(hidden)]
+    fn end_claim(
+        conn: &mut Self::Connection,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// Whether `err` means a lock wait ran out (or a deadlock was broken):
+    /// another transaction holds the key.
+    #[doc(hidden)]
+    fn is_lock_timeout(err: &sqlx::Error) -> bool;
+
+    /// The open transaction of a claim, as the handle its handler borrows
+    /// it through.
+    #[doc(hidden)]
+    fn handle(slot: super::TxSlot<Self>) -> crate::store::TxHandle;
+
+    // ----- the guards -----
+
+    /// Runs a guard's statement; the number of rows it affected.
+    #[cfg(feature = "guards")]
+    #[doc(hidden)]
+    fn execute(
+        conn: &mut Self::Connection,
+        sql: String,
+        args: &[Value<'_>],
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// The first column of the first row, as text.
+    #[cfg(feature = "guards")]
+    #[doc(hidden)]
+    fn fetch_text(
+        conn: &mut Self::Connection,
+        sql: String,
+        args: &[Value<'_>],
+    ) -> impl Future<Output = Result<Option<String>, sqlx::Error>> + Send;
+
+    /// Every column of the first row, as nullable 64-bit integers.
+    #[cfg(feature = "guards")]
+    #[doc(hidden)]
+    fn fetch_ints(
+        conn: &mut Self::Connection,
+        sql: String,
+        args: &[Value<'_>],
+    ) -> impl Future<Output = Result<Option<Vec<Option<i64>>>, sqlx::Error>> + Send;
+
+    /// In a transaction of its own (a savepoint inside an open one): reads
+    /// with `select` (which locks the row), then runs `delete` with the same
+    /// arguments. The read's integers, if the delete removed the row.
+    #[cfg(feature = "guards")]
+    #[doc(hidden)]
+    fn read_then_delete(
+        conn: &mut Self::Connection,
+        select: String,
+        delete: String,
+        args: &[Value<'_>],
+    ) -> impl Future<Output = Result<Option<Vec<Option<i64>>>, sqlx::Error>> + Send;
+
+    /// Whether `DELETE ... RETURNING` works on the server behind `conn`
+    /// (PostgreSQL, SQLite 3.35+, MariaDB 10.5+; not MySQL).
+    #[cfg(feature = "guards")]
+    #[doc(hidden)]
+    fn delete_returning(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// Runs `ddl`, a guard's `CREATE TABLE IF NOT EXISTS {table}`, one
+    /// process at a time.
+    #[cfg(feature = "guards")]
+    #[doc(hidden)]
+    fn create_table(
+        pool: &sqlx::Pool<Self>,
+        table: &str,
+        ddl: String,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+}
+
+pub(crate) mod sealed {
+    #[allow(unreachable_pub)] // sealed: named only inside the crate
+    pub trait Sealed {}
+}

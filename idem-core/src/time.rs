@@ -1,0 +1,23 @@
+//! Durations as the whole milliseconds that the databases and Redis take.
+
+use std::time::Duration;
+
+/// `d` in whole milliseconds, at least 1 and at most `i64::MAX`: how a
+/// lease, a retention or a TTL is sent (a database interval, Redis's `PX`
+/// and `PEXPIRE`), so none is ever 0, which would mean "already expired".
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_milliseconds_at_least_one_saturating() {
+        assert_eq!(millis(Duration::ZERO), 1);
+        assert_eq!(millis(Duration::from_micros(1_999)), 1);
+        assert_eq!(millis(Duration::from_secs(30)), 30_000);
+        assert_eq!(millis(Duration::MAX), i64::MAX);
+    }
+}
