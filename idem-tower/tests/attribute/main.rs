@@ -1,0 +1,17 @@
+//! `#[idempotent]` handlers serving real requests through an axum router,
+//! one module per topic: each test counts how often the handler body
+//! actually ran.
+#![cfg(feature = "macros")]
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod app;
+pub mod payments;
+
+mod callers;
+mod functions;
+mod options;
+mod refusals;
+
+pub use app::AppState;

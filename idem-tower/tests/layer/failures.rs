@@ -1,0 +1,396 @@
+//! When the attempt fails: the handler's 5xx, 429 and 409, service errors,
+//! panics and cancelled requests release the key for a retry, deterministic
+//! 4xx are kept, an attempt whose handler returned is settled even if its
+//! client is gone (ARCHITECTURE.md, "Records"); a store that is down fails
+//! closed with 503, one that cannot complete blocks duplicates.
+
+use std::convert::Infallible;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use futures_util::{FutureExt, StreamExt};
+use http::{Request, Response, StatusCode};
+use idem_core::{Claim, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
+use idem_tower::{Idempotency, MemoryStore};
+use idem_tower::store::IdempotencyStore;
+use tower::{Layer, ServiceExt, service_fn};
+
+use crate::fixtures::{ORDER, counting, created, json, order_body};
+use crate::support::{Calls, Reply, post, send};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn server_error_releases_the_key_so_the_retry_runs_and_its_success_is_replayed() {
+    let calls = Calls::default();
+    let inner = counting(&calls, |n, _| async move {
+        if n == 1 {
+            json(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                r#"{"error":"boom"}"#.into(),
+            )
+        } else {
+            created(n)
+        }
+    });
+    let service = Idempotency::new(MemoryStore::new()).layer().layer(inner);
+    let request = || post("/orders", Some("k-5xx"), ORDER);
+
+    let failed = send(&service, request()).await;
+    assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(!failed.replayed());
+
+    let retry = send(&service, request()).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(!retry.replayed(), "the retry ran: {retry:?}");
+    assert_eq!(retry.text(), order_body(2));
+    assert_eq!(calls.get(), 2);
+
+    let replay = send(&service, request()).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.text(), order_body(2));
+    assert_eq!(calls.get(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn too_many_requests_and_conflict_from_the_handler_release_the_key() {
+    for status in [StatusCode::TOO_MANY_REQUESTS, StatusCode::CONFLICT] {
+        let calls = Calls::default();
+        let inner = counting(&calls, move |n, _| async move {
+            if n == 1 {
+                json(status, r#"{"error":"not now"}"#.into())
+            } else {
+                created(n)
+            }
+        });
+        let service = Idempotency::new(MemoryStore::new()).layer().layer(inner);
+        let request = || post("/orders", Some("k-transient"), ORDER);
+
+        let refused = send(&service, request()).await;
+        let retry = send(&service, request()).await;
+        let replay = send(&service, request()).await;
+
+        assert_eq!(refused.status, status);
+        assert_eq!(retry.status, StatusCode::CREATED, "{status}: {retry:?}");
+        assert!(!retry.replayed(), "{status}: the retry ran");
+        assert!(replay.replayed());
+        assert_eq!(replay.text(), order_body(2));
+        assert_eq!(calls.get(), 2, "{status}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deterministic_client_errors_from_the_handler_are_stored_and_replayed() {
+    for status in [StatusCode::NOT_FOUND, StatusCode::UNPROCESSABLE_ENTITY] {
+        let calls = Calls::default();
+        let inner = counting(&calls, move |n, _| async move {
+            json(
+                status,
+                format!(r#"{{"error":"no such sku","attempt":{n}}}"#),
+            )
+        });
+        let service = Idempotency::new(MemoryStore::new()).layer().layer(inner);
+        let request = || post("/orders", Some("k-4xx"), ORDER);
+
+        let first = send(&service, request()).await;
+        let again = send(&service, request()).await;
+
+        assert_eq!(first.status, status);
+        assert_eq!(again.status, status);
+        assert!(again.replayed(), "{status}: {again:?}");
+        assert_eq!(again.body, first.body);
+        assert_eq!(calls.get(), 1, "{status}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn service_error_releases_the_key() {
+    let calls = Calls::default();
+    let inner = {
+        let calls = calls.clone();
+        service_fn(move |_: Request<Body>| {
+            let n = calls.run();
+            async move {
+                if n == 1 {
+                    Err(std::io::Error::other("connection reset"))
+                } else {
+                    Ok(created(n))
+                }
+            }
+        })
+    };
+    let service = Idempotency::new(MemoryStore::new()).layer().layer(inner);
+    let request = || post("/orders", Some("k-err"), ORDER);
+
+    let failed = service.clone().oneshot(request()).await;
+    assert!(failed.is_err(), "the service error is passed on");
+    let retry = Reply::read(service.clone().oneshot(request()).await.expect("ok")).await;
+
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(!retry.replayed());
+    assert_eq!(calls.get(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn panicking_handler_propagates_the_panic_and_releases_the_key() {
+    let calls = Calls::default();
+    let inner = counting(&calls, |n, _| async move {
+        if n == 1 {
+            panic!("handler blew up on its first call");
+        }
+        created(n)
+    });
+    let service = Idempotency::new(MemoryStore::new()).layer().layer(inner);
+    let request = || post("/orders", Some("k-panic"), ORDER);
+
+    let panicked = tokio::spawn(service.clone().oneshot(request()))
+        .await
+        .expect_err("the panic propagates");
+    assert!(panicked.is_panic());
+    assert_eq!(calls.get(), 1);
+
+    let retry = send(&service, request()).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
+    assert!(!retry.replayed());
+    assert_eq!(retry.text(), order_body(2));
+    let replay = send(&service, request()).await;
+    assert!(replay.replayed());
+    assert_eq!(calls.get(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancelled_request_releases_the_key_promptly() {
+    let calls = Calls::default();
+    let inner = counting(&calls, |n, _| async move {
+        if n == 1 {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        }
+        created(n)
+    });
+    // The lease is the default minute: only the release frees the key soon.
+    let service = Idempotency::new(MemoryStore::new()).layer().layer(inner);
+    let request = || post("/orders", Some("k-cancel"), ORDER);
+
+    let cancelled =
+        tokio::time::timeout(Duration::from_millis(200), send(&service, request())).await;
+    assert!(cancelled.is_err(), "the first request was cut off");
+    assert_eq!(calls.get(), 1);
+
+    let dropped_at = Instant::now();
+    let retry = loop {
+        let reply = send(&service, request()).await;
+        if reply.status != StatusCode::CONFLICT {
+            break reply;
+        }
+        reply.assert_problem(StatusCode::CONFLICT, "in-flight");
+        assert!(
+            dropped_at.elapsed() < Duration::from_secs(1),
+            "the key was not released within a second"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
+    assert!(!retry.replayed());
+    assert_eq!(retry.text(), order_body(2));
+    assert_eq!(calls.get(), 2);
+}
+
+/// Once the handler has returned a final response its effect has happened;
+/// a client disconnecting while the layer reads that response for storage
+/// must not free the key for a second execution (ARCHITECTURE.md,
+/// "Records": a consumed key after a failed attempt is the opposite
+/// mistake; this is the "effect applied twice" one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancellation_after_the_handler_returned_does_not_run_it_again() {
+    let calls = Calls::default();
+    let inner = counting(&calls, |n, _| async move {
+        let chunks = futures_util::stream::iter([
+            (Duration::ZERO, format!(r#"{{"order_id":{n},"#)),
+            (Duration::from_millis(500), r#""state":"paid"}"#.to_owned()),
+        ])
+        .then(|(delay, chunk)| async move {
+            tokio::time::sleep(delay).await;
+            Ok::<_, Infallible>(chunk)
+        });
+        Response::builder()
+            .status(StatusCode::CREATED)
+            .body(Body::from_stream(chunks))
+            .expect("a valid response")
+    });
+    let service = Idempotency::new(MemoryStore::new()).layer().layer(inner);
+    let request = || post("/orders", Some("k-late-cancel"), ORDER);
+
+    let first = tokio::spawn({
+        let service = service.clone();
+        async move { send(&service, request()).await }
+    });
+    calls.wait_for(1).await;
+    // The handler has returned; the layer is reading its body.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    first.abort();
+    assert!(first.await.expect_err("aborted").is_cancelled());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let retry = send(&service, request()).await;
+    assert_eq!(
+        calls.get(),
+        1,
+        "the handler completed once; the retry ran it again: {retry:?}"
+    );
+    assert!(
+        retry.status == StatusCode::CONFLICT || retry.replayed(),
+        "{retry:?}"
+    );
+    // The work the aborted request left (reading the body, storing it) went
+    // on without it: once the body is complete, retries replay it whole.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let later = send(&service, request()).await;
+    assert!(later.replayed(), "{later:?}");
+    assert_eq!(later.text(), r#"{"order_id":1,"state":"paid"}"#);
+    assert_eq!(calls.get(), 1);
+}
+
+/// On a store that answers at once, a first request settles inside its own
+/// future: no task is spawned for it. Polled once, with no tokio runtime to
+/// spawn on, it is done, and its response is stored.
+#[test]
+fn a_first_request_settles_in_place_without_a_task() {
+    let calls = Calls::default();
+    let service = Idempotency::new(MemoryStore::new())
+        .layer()
+        .layer(counting(&calls, |n, _| async move { created(n) }));
+    let poll_once = |request| {
+        service
+            .clone()
+            .oneshot(request)
+            .now_or_never()
+            .expect("the request waited on something")
+            .expect("the service answers")
+    };
+
+    let first = poll_once(post("/orders", Some("k-in-place"), ORDER));
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let again = poll_once(post("/orders", Some("k-in-place"), ORDER));
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(calls.get(), 1);
+}
+
+/// A store whose backend is down: every call fails as unavailable.
+struct UnavailableStore;
+
+fn connection_refused() -> idem_core::Error {
+    idem_core::Error::unavailable(std::io::Error::other("connection refused"))
+}
+
+impl IdempotencyStore for UnavailableStore {
+    async fn claim(
+        &self,
+        _: &IdempotencyKey,
+        _: &Fingerprint,
+        _: Duration,
+        _: OwnerToken,
+    ) -> Result<Claim, idem_core::Error> {
+        Err(connection_refused())
+    }
+
+    async fn complete(
+        &self,
+        _: &IdempotencyKey,
+        _: &OwnerToken,
+        _: &Outcome,
+        _: Duration,
+    ) -> Result<(), idem_core::Error> {
+        Err(connection_refused())
+    }
+
+    async fn release(&self, _: &IdempotencyKey, _: &OwnerToken) -> Result<(), idem_core::Error> {
+        Err(connection_refused())
+    }
+
+    async fn renew(
+        &self,
+        _: &IdempotencyKey,
+        _: &OwnerToken,
+        _: Duration,
+    ) -> Result<(), idem_core::Error> {
+        Err(connection_refused())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unavailable_store_fails_closed_with_503_and_the_handler_is_not_called() {
+    let calls = Calls::default();
+    let inner = counting(&calls, |n, _| async move { created(n) });
+    let idem = Idempotency::builder(UnavailableStore)
+        .unavailable_retry_after(Duration::from_secs(7))
+        .build();
+    let service = idem.layer().layer(inner);
+
+    for _ in 0..3 {
+        let reply = send(&service, post("/orders", Some("k-down"), ORDER)).await;
+        reply.assert_problem(StatusCode::SERVICE_UNAVAILABLE, "store-unavailable");
+        assert_eq!(reply.retry_after(), 7);
+    }
+    assert_eq!(calls.get(), 0, "no handler call without dedup");
+}
+
+/// A memory store whose `complete` fails: the handler's outcome cannot be
+/// recorded.
+struct CompleteFails(MemoryStore);
+
+impl IdempotencyStore for CompleteFails {
+    async fn claim(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+        owner: OwnerToken,
+    ) -> Result<Claim, idem_core::Error> {
+        self.0.claim(key, fingerprint, lease, owner).await
+    }
+
+    async fn complete(
+        &self,
+        _: &IdempotencyKey,
+        _: &OwnerToken,
+        _: &Outcome,
+        _: Duration,
+    ) -> Result<(), idem_core::Error> {
+        Err(connection_refused())
+    }
+
+    async fn release(
+        &self,
+        key: &IdempotencyKey,
+        owner: &OwnerToken,
+    ) -> Result<(), idem_core::Error> {
+        self.0.release(key, owner).await
+    }
+
+    async fn renew(
+        &self,
+        key: &IdempotencyKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<(), idem_core::Error> {
+        self.0.renew(key, owner, lease).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failed_completion_blocks_duplicates_instead_of_running_them() {
+    let calls = Calls::default();
+    let inner = counting(&calls, |n, _| async move { created(n) });
+    let service = Idempotency::new(CompleteFails(MemoryStore::new()))
+        .layer()
+        .layer(inner);
+
+    let first = send(&service, post("/orders", Some("k-unstored"), ORDER)).await;
+    let duplicate = send(&service, post("/orders", Some("k-unstored"), ORDER)).await;
+
+    assert_eq!(
+        first.status,
+        StatusCode::CREATED,
+        "the handler's answer still reaches its client"
+    );
+    duplicate.assert_problem(StatusCode::CONFLICT, "in-flight");
+    assert_eq!(calls.get(), 1);
+}

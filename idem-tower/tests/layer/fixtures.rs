@@ -1,0 +1,120 @@
+//! The inner services the layer wraps, and the requests only this binary
+//! sends.
+
+use std::convert::Infallible;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::{HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::Full;
+use tower::{Service, ServiceExt, service_fn};
+
+use crate::support::{Calls, KEY_HEADER, Reply, post};
+
+/// The order most tests send.
+pub(crate) const ORDER: &str = r#"{"sku":"A-1","qty":2}"#;
+/// [`ORDER`] with another quantity: the same key for it is a mismatch.
+pub(crate) const OTHER_ORDER: &str = r#"{"sku":"A-1","qty":3}"#;
+
+/// Sends `n` copies of a request at once: each from its own task, released
+/// together by a barrier.
+pub(crate) async fn concurrently<S, B>(
+    n: usize,
+    service: &S,
+    request: impl Fn() -> Request<Body>,
+) -> Vec<Reply>
+where
+    S: Service<Request<Body>, Response = Response<B>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: fmt::Debug + Send,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: fmt::Debug + Send,
+{
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let service = service.clone();
+            let barrier = Arc::clone(&barrier);
+            let request = request();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let response = service.oneshot(request).await.expect("the service answers");
+                Reply::read(response).await
+            })
+        })
+        .collect();
+    let mut replies = Vec::with_capacity(n);
+    for task in tasks {
+        replies.push(task.await.expect("no request task panics"));
+    }
+    replies
+}
+
+/// A POST carrying the key header once per value given, values taken as raw
+/// bytes.
+pub(crate) fn post_with_key_values(values: &[&[u8]], body: &str) -> Request<Body> {
+    let mut request = post("/orders", None, body);
+    for value in values {
+        request.headers_mut().append(
+            KEY_HEADER,
+            HeaderValue::from_bytes(value).expect("a header value"),
+        );
+    }
+    request
+}
+
+/// A body delivered in chunks with no `Content-Length` and no exact size
+/// hint, as a client streaming with chunked transfer encoding would send it.
+pub(crate) fn streamed(chunks: Vec<Bytes>) -> Body {
+    let stream = futures_util::stream::iter(chunks).then(|chunk| async move {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        Ok::<_, Infallible>(chunk)
+    });
+    Body::from_stream(stream)
+}
+
+/// The handler: a `service_fn` that counts its runs in `calls` and answers
+/// with `f(run number, request)`.
+pub(crate) fn counting<F, Fut, B>(
+    calls: &Calls,
+    f: F,
+) -> impl Service<Request<Body>, Response = Response<B>, Error = Infallible, Future: Send + 'static>
++ Clone
++ Send
++ 'static
+where
+    F: Fn(usize, Request<Body>) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Response<B>> + Send + 'static,
+{
+    let calls = calls.clone();
+    service_fn(move |request: Request<Body>| {
+        let calls = calls.clone();
+        let f = f.clone();
+        async move { Ok(f(calls.run(), request).await) }
+    })
+}
+
+/// A JSON response.
+pub(crate) fn json(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .expect("a valid response")
+}
+
+/// The usual handler answer: `201 {"order_id": n}`.
+pub(crate) fn created(n: usize) -> Response<Full<Bytes>> {
+    json(StatusCode::CREATED, order_body(n))
+}
+
+/// The body of [`created`]`(n)`.
+pub(crate) fn order_body(n: usize) -> String {
+    format!(r#"{{"order_id":{n}}}"#)
+}

@@ -1,0 +1,24 @@
+//! Integration tests of `IdempotencyLayer` against the HTTP contract
+//! (README.md) and the key and record invariants of ARCHITECTURE.md, one
+//! module per topic.
+//!
+//! Every inner service is a real `tower::service_fn` (or an axum router)
+//! that counts its runs in a [`support::Calls`] owned by the test, and every
+//! test asserts that count.
+#![cfg(feature = "memory")]
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod fixtures;
+
+mod bodies;
+mod callers;
+#[cfg(feature = "axum")]
+mod extractors;
+mod failures;
+mod keys;
+mod leases;
+mod replay;
+#[cfg(feature = "axum")]
+mod router;
