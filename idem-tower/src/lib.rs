@@ -172,14 +172,12 @@ mod axum;
 mod body;
 mod collisions;
 mod dyn_store;
-mod guard;
 mod idempotency;
 pub mod layer;
 mod metrics;
 mod problem;
 mod ran;
 mod resolver;
-mod route;
 #[cfg(all(
     feature = "axum",
     any(feature = "postgres", feature = "mysql", feature = "sqlite")

@@ -70,14 +70,6 @@ impl RequestOutcome {
             Self::StoreError => "store_error",
         }
     }
-
-    /// Whether this outcome means another request already used the key.
-    pub(crate) fn is_collision(self) -> bool {
-        matches!(
-            self,
-            Self::Replayed | Self::InFlight | Self::Mismatch | Self::NotReplayable
-        )
-    }
 }
 
 /// The `route` label when nothing names the route.

@@ -47,10 +47,27 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
 //! ```
 
+// One request takes one path (ARCHITECTURE.md, "Bird's-eye view"), told in
+// `service.rs`; each step has a module of its own: `read` (safe methods, the
+// caller, the body), `key` (the matched route, its parameters, the key and
+// the fingerprint), `claim` (the key claimed in the store or in a
+// transaction, and held as one value either way), `lease` (a plain claim
+// renewed while the service runs, and completed), `settle` (the outcome kept
+// or the key let go). `answer` writes the responses the layer gives itself;
+// `layer` holds the route's settings.
+
+mod answer;
+mod claim;
 mod future;
+mod guard;
+mod key;
 #[allow(clippy::module_inception)]
 mod layer;
+mod lease;
+mod read;
+mod route;
 mod service;
+mod settle;
 
 pub use future::ResponseFuture;
 pub use layer::IdempotencyLayer;
