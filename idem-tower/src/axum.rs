@@ -1,20 +1,11 @@
-//! Axum integration: the matched route, its path parameters, and the handle
-//! as an extractor.
+//! Axum integration outside the layer: the handle as an extractor. (The
+//! matched route and its parameters are read where the key is built, in
+//! `layer/key.rs`.)
 
-use axum::extract::{FromRef, FromRequestParts, RawPathParams};
+use axum::extract::{FromRef, FromRequestParts};
 use http::request::Parts;
 
 use crate::Idempotency;
-
-pub(crate) async fn path_params(parts: &mut Parts) -> Option<Vec<(String, String)>> {
-    let params = RawPathParams::from_request_parts(parts, &()).await.ok()?;
-    Some(
-        params
-            .iter()
-            .map(|(name, value)| (name.to_owned(), value.to_owned()))
-            .collect(),
-    )
-}
 
 /// The handle from router state, for handlers that want it.
 ///

@@ -169,17 +169,14 @@
 
 #[cfg(feature = "axum")]
 mod axum;
-mod body;
 mod builder;
 mod duplicated;
-mod guard;
 mod idempotency;
 pub mod layer;
 mod metrics;
 mod problem;
 mod ran;
 mod resolver;
-mod route;
 #[cfg(all(
     feature = "axum",
     any(feature = "postgres", feature = "mysql", feature = "sqlite")

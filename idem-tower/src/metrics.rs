@@ -4,7 +4,7 @@
 //! route *pattern* (`/orders/{id}`, as axum matched it or
 //! [`IdempotencyLayer::route`](crate::IdempotencyLayer::route) named it;
 //! `unknown` otherwise), never a path or a key. Which keys collide is kept
-//! apart, in [`Collisions`](crate::collisions::Collisions).
+//! apart, in [`Idempotency::top_duplicated_keys`](crate::Idempotency::top_duplicated_keys).
 //!
 //! | metric | kind | labels |
 //! |---|---|---|
@@ -18,7 +18,7 @@ use std::time::Duration;
 
 /// How one request through the layer ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RequestOutcome {
+pub(crate) enum Handled {
     /// Ran, and its outcome was stored (or committed).
     First,
     /// A duplicate answered with the stored response.
@@ -51,7 +51,7 @@ pub(crate) enum RequestOutcome {
     StoreError,
 }
 
-impl RequestOutcome {
+impl Handled {
     fn label(self) -> &'static str {
         match self {
             Self::First => "first",
@@ -70,20 +70,12 @@ impl RequestOutcome {
             Self::StoreError => "store_error",
         }
     }
-
-    /// Whether this outcome means another request already used the key.
-    pub(crate) fn is_collision(self) -> bool {
-        matches!(
-            self,
-            Self::Replayed | Self::InFlight | Self::Mismatch | Self::NotReplayable
-        )
-    }
 }
 
 /// The `route` label when nothing names the route.
 pub(crate) const UNKNOWN_ROUTE: &str = "unknown";
 
-pub(crate) fn request(outcome: RequestOutcome, route: &str) {
+pub(crate) fn request(outcome: Handled, route: &str) {
     metrics::counter!(
         "idem_requests_total",
         "outcome" => outcome.label(),

@@ -40,7 +40,10 @@ use axum::extract::FromRef;
 use idem_tower::core::redis::redis::aio::ConnectionManager;
 use idem_tower::core::tiered::TierCounters;
 use idem_tower::store::IdempotencyStore;
-use idem_tower::{Idempotency, IdempotencyBuilder, MemoryStore, MySqlStore, PgStore, RedisStore, Resolver, SqliteStore, TieredStore};
+use idem_tower::{
+    Idempotency, IdempotencyBuilder, MemoryStore, MySqlStore, PgStore, RedisStore, Resolver,
+    SqliteStore, TieredStore,
+};
 use metrics_exporter_prometheus::PrometheusHandle;
 
 pub use auth::{UserId, demo_auth};

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use super::sql::{Ident, Params, Value, config, db_error, is_retryable};
 use crate::sql::Dialect;
-use crate::time::millis;
 use crate::store::BoxFuture;
+use crate::time::millis;
 use crate::{Error, ErrorKind};
 
 /// The table [`Inbox`] keeps its log in unless told otherwise.

@@ -1,3 +1,5 @@
+//! The response future the layer's service returns.
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;

@@ -1,3 +1,6 @@
+//! The layer's builder, the route's policy, and the settings every request
+//! through it reads, resolved once against the handle.
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -6,10 +9,14 @@ use idem_core::{Error, ErrorKind, FingerprintSpec, KeyScope, KeyTemplate};
 use tower::Layer;
 
 use super::IdempotencyService;
-use crate::route::RoutePattern;
+use super::route::RoutePattern;
+use crate::idempotency::Config;
 use crate::{Idempotency, InFlightPolicy};
 
-/// One route's idempotency settings; unset ones fall back to the handle's.
+/// One route's idempotency settings as its builder methods chose them;
+/// unset ones fall back to the handle's, in [`Settings`]. Nothing in it
+/// comes from a handle: `#[idempotent]` builds it once per handler and
+/// shares it with every handle the handler serves (`__private::PolicyCell`).
 #[derive(Debug, Clone)]
 pub(crate) struct Policy {
     pub(crate) template: KeyTemplate,
@@ -23,6 +30,40 @@ pub(crate) struct Policy {
     pub(crate) scope: KeyScope,
     pub(crate) require_handler_ran: bool,
     pub(crate) state: Option<StateInserter>,
+}
+
+/// A route's policy over its handle's defaults, resolved once, when the
+/// layer wraps a service: what every request through it reads, with no
+/// fallback left to take.
+#[derive(Debug, Clone)]
+pub(super) struct Settings {
+    pub(super) idem: Idempotency,
+    pub(super) policy: Arc<Policy>,
+    /// How long a claim holds its key from its claim or its last renewal.
+    pub(super) lease: Duration,
+    /// How long a completed response is replayed.
+    pub(super) retention: Duration,
+    /// What a duplicate of a running request gets.
+    pub(super) in_flight: InFlightPolicy,
+}
+
+impl Settings {
+    /// `policy` over the defaults of `idem`.
+    fn resolve(idem: &Idempotency, policy: &Arc<Policy>) -> Self {
+        let config = &idem.config;
+        Self {
+            idem: idem.clone(),
+            policy: policy.clone(),
+            lease: policy.lease.unwrap_or(config.lease),
+            retention: policy.retention.unwrap_or(config.retention),
+            in_flight: policy.in_flight.unwrap_or(config.in_flight),
+        }
+    }
+
+    /// The handle's configuration: the store, the resolvers, the caps.
+    pub(super) fn config(&self) -> &Config {
+        &self.idem.config
+    }
 }
 
 /// Puts the route's router state in each request's extensions, for
@@ -196,6 +237,6 @@ impl<S> Layer<S> for IdempotencyLayer {
     type Service = IdempotencyService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        IdempotencyService::new(inner, self.clone())
+        IdempotencyService::new(inner, Settings::resolve(&self.idem, &self.policy))
     }
 }

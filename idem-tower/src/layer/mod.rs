@@ -9,7 +9,7 @@
 //! | first request | the service's response, stored if final (see [`final_if_deterministic`](crate::final_if_deterministic)) |
 //! | duplicate of a completed request | the stored status, body and allow-listed headers, plus `Idempotent-Replayed: true` |
 //! | same key, different request | 422 |
-//! | duplicate while the first runs | 409 + `Retry-After`, or wait and replay ([`InFlightPolicy::Wait`](crate::InFlight::Wait)) |
+//! | duplicate while the first runs | 409 + `Retry-After`, or wait and replay ([`InFlightPolicy::Wait`](crate::InFlightPolicy::Wait)) |
 //! | key missing / malformed / repeated | 400 |
 //! | body over the cap | 413 |
 //! | store unavailable | 503 + `Retry-After`; the service is not called |
@@ -47,12 +47,30 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
 //! ```
 
+// One request takes one path (ARCHITECTURE.md, "Bird's-eye view"), told in
+// `service.rs`; each step has a module of its own: `read` (safe methods, the
+// caller, the body), `key` (the matched route, its parameters, the key and
+// the fingerprint), `claim` (the key claimed in the store or in a
+// transaction, and held as one value either way), `lease` (a plain claim
+// renewed while the service runs, and completed), `settle` (the outcome kept
+// or the key let go). `answer` writes the responses the layer gives itself;
+// `layer` holds the route's settings.
+
+mod answer;
+mod body;
+mod claim;
 mod future;
+mod guard;
+mod key;
 #[allow(clippy::module_inception)]
 mod layer;
+mod lease;
+mod read;
+mod route;
 mod service;
+mod settle;
 
-pub use crate::body::ResponseBody;
+pub use body::ResponseBody;
 pub use future::ResponseFuture;
 pub use layer::IdempotencyLayer;
 pub(crate) use layer::Policy;

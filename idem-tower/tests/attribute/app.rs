@@ -106,7 +106,10 @@ impl IntoResponse for AppError {
     }
 }
 
-#[idempotent(key = "order-create:{tenant}:{header:idempotency-key}", retention = "24h")]
+#[idempotent(
+    key = "order-create:{tenant}:{header:idempotency-key}",
+    retention = "24h"
+)]
 pub(crate) async fn create_order(
     State(calls): State<Calls>,
     CurrentUser(user): CurrentUser,

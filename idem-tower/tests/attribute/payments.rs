@@ -13,7 +13,10 @@ use crate::support::Calls;
 
 /// A payment platform's callback: the payment number is the key, and
 /// retries with other bodies are still the same callback.
-#[idempotent(key = "pay-callback:{path:payment_no}", fingerprint = "method_and_route")]
+#[idempotent(
+    key = "pay-callback:{path:payment_no}",
+    fingerprint = "method_and_route"
+)]
 pub async fn callback(
     State(state): State<AppState>,
     Path(payment_no): Path<String>,

@@ -11,8 +11,8 @@ use axum::body::Body;
 use futures_util::{FutureExt, StreamExt};
 use http::{Request, Response, StatusCode};
 use idem_core::{Claim, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
-use idem_tower::{Idempotency, MemoryStore};
 use idem_tower::store::IdempotencyStore;
+use idem_tower::{Idempotency, MemoryStore};
 use tower::{Layer, ServiceExt, service_fn};
 
 use crate::fixtures::{ORDER, counting, created, json, order_body};

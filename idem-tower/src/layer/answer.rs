@@ -1,0 +1,129 @@
+//! The responses the layer gives itself instead of the service's, each
+//! counted under its outcome: refusals, duplicates, a misconfigured route,
+//! an unavailable store.
+
+use bytes::Bytes;
+use http::{HeaderValue, Response};
+use http_body::Body;
+use idem_core::{Duplicate, Outcome, StoredResponse};
+
+use super::layer::Settings;
+use crate::Idempotency;
+use crate::layer::ResponseBody;
+use crate::metrics::{self, Handled};
+use crate::problem::Problem;
+
+/// What the layer answers itself, at the step that found it.
+pub(super) enum Answer {
+    /// A resolver's extractor refused the request: its rejection (such as a
+    /// 401), as the handler would have answered; nothing claimed.
+    Refused(Response<Bytes>),
+    /// The request cannot be keyed (400) or its body is over the cap (413);
+    /// nothing claimed.
+    Rejected(Problem),
+    /// The route is wired so that no request can succeed: 500, logged with
+    /// the fix.
+    Misconfigured(String),
+    /// The store failed: 503, and the service was not called, or its
+    /// transaction did not commit.
+    Unavailable(idem_core::Error),
+    /// Another request already claimed the key: its stored response, 409
+    /// while it runs (or if its response was too large to store), 422 if
+    /// it was another request.
+    Duplicate(Duplicate),
+}
+
+impl Answer {
+    /// The response, counted on `route`.
+    pub(super) fn respond<B: Body>(
+        self,
+        settings: &Settings,
+        route: &str,
+    ) -> Response<ResponseBody<B>> {
+        match self {
+            Self::Refused(rejection) => {
+                tracing::debug!(
+                    status = rejection.status().as_u16(),
+                    "the caller's identity was refused; nothing claimed"
+                );
+                metrics::request(Handled::NotRun, route);
+                rejection.map(ResponseBody::full)
+            }
+            Self::Rejected(problem) => {
+                let outcome = match problem {
+                    Problem::BodyTooLarge { .. } => Handled::BodyTooLarge,
+                    Problem::KeyMissing(_) => Handled::MissingKey,
+                    _ => Handled::InvalidKey,
+                };
+                metrics::request(outcome, route);
+                problem.to_response()
+            }
+            Self::Misconfigured(why) => {
+                metrics::request(Handled::Misconfigured, route);
+                tracing::error!(route, "idempotency misconfigured: {why}");
+                Problem::Misconfigured(why).to_response()
+            }
+            Self::Unavailable(err) => {
+                metrics::request(Handled::StoreError, route);
+                tracing::error!(
+                    error = %err,
+                    "idempotency store unavailable; handler not called or its writes not kept"
+                );
+                Problem::StoreUnavailable {
+                    retry_after: settings.config().unavailable_retry_after,
+                }
+                .to_response()
+            }
+            Self::Duplicate(dup) => duplicate(dup, settings, route),
+        }
+    }
+}
+
+/// What a duplicate gets, by what became of the first request with its key.
+fn duplicate<B: Body>(
+    duplicate: Duplicate,
+    settings: &Settings,
+    route: &str,
+) -> Response<ResponseBody<B>> {
+    match duplicate {
+        Duplicate::Replay(Outcome::Response(stored)) => {
+            metrics::request(Handled::Replayed, route);
+            tracing::info!(
+                status = stored.status().as_u16(),
+                "replayed stored response"
+            );
+            replay(stored)
+        }
+        Duplicate::Replay(Outcome::NotReplayable) => {
+            metrics::request(Handled::NotReplayable, route);
+            tracing::info!("completed without a replayable response");
+            Problem::NotReplayable.to_response()
+        }
+        Duplicate::InFlight {
+            retry_after: lease_left,
+        } => {
+            metrics::request(Handled::InFlight, route);
+            let retry_after = settings.config().in_flight_retry_after.min(lease_left);
+            tracing::info!(?retry_after, "duplicate of a request in flight");
+            Problem::InFlight { retry_after }.to_response()
+        }
+        Duplicate::Mismatch => {
+            metrics::request(Handled::Mismatch, route);
+            tracing::warn!("idempotency key reused with a different request");
+            Problem::FingerprintMismatch.to_response()
+        }
+    }
+}
+
+/// The stored response as it was sent, marked `Idempotent-Replayed: true`.
+fn replay<B: Body>(stored: StoredResponse) -> Response<ResponseBody<B>> {
+    let (status, headers, body) = stored.into_parts();
+    let mut response = Response::new(ResponseBody::full(body));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    response.headers_mut().insert(
+        Idempotency::REPLAYED_HEADER,
+        HeaderValue::from_static("true"),
+    );
+    response
+}

@@ -1,0 +1,127 @@
+//! Resolving the key: the matched route and its parameters, then the key
+//! and the fingerprint the request's claim lives under.
+
+use bytes::Bytes;
+use http::request::Parts;
+use idem_core::{Fingerprint, IdempotencyKey, KeyError, Placeholder, RequestView};
+
+use super::Policy;
+use super::answer::Answer;
+use super::layer::Settings;
+use super::read::Caller;
+use crate::problem::Problem;
+
+/// Where one request's claim lives.
+pub(super) struct Target {
+    pub(super) key: IdempotencyKey,
+    pub(super) fingerprint: Fingerprint,
+}
+
+/// The route pattern: as axum matched it, or as the layer was told
+/// ([`IdempotencyLayer::route`](super::IdempotencyLayer::route)).
+pub(super) fn matched_route(extensions: &http::Extensions, policy: &Policy) -> Option<String> {
+    #[cfg(feature = "axum")]
+    if let Some(route) = extensions.get::<axum::extract::MatchedPath>() {
+        return Some(route.as_str().to_owned());
+    }
+    #[cfg(not(feature = "axum"))]
+    let _ = extensions;
+    policy.route.as_ref().map(|p| p.as_str().to_owned())
+}
+
+/// Builds the key and fingerprint under `route` (the matched route, or the
+/// request's path when nothing names one), the key's span field with it;
+/// `None` when an optional key is absent. A key part the client should have
+/// sent is its 400; one only the route supplies is the server's 500
+/// (ARCHITECTURE.md, "Keys and callers").
+pub(super) async fn target(
+    settings: &Settings,
+    parts: &mut Parts,
+    body: &Bytes,
+    route: Option<String>,
+    caller: &Caller,
+) -> Result<Option<Target>, Answer> {
+    let policy = &*settings.policy;
+    let route = route.unwrap_or_else(|| parts.uri.path().to_owned());
+    let params = path_params(parts, policy).await;
+    let view = RequestView::new(&parts.method, &route, &parts.headers)
+        .path_params(&params)
+        .query(parts.uri.query())
+        .body(body)
+        .tenant(caller.tenant.as_deref())
+        .user(caller.user.as_deref());
+    let key =
+        match policy
+            .template
+            .evaluate_scoped(&view, &settings.config().namespace, policy.scope)
+        {
+            Ok(key) => key,
+            // Path parameters come from the route, never the client: one the
+            // route lacks is a template written for another route.
+            Err(KeyError::Missing(Placeholder::Path(name))) => {
+                return Err(Answer::Misconfigured(format!(
+                    "the key template `{}` reads {{path:{name}}}, and the route `{route}` has no \
+                 such parameter: fix the template, or name the route's pattern with \
+                 IdempotencyLayer::route when the service is not behind an axum router",
+                    policy.template
+                )));
+            }
+            Err(KeyError::Missing(_)) if !policy.required && no_client_part(policy, &view) => {
+                return Ok(None);
+            }
+            Err(err) => return Err(key_problem(err)),
+        };
+    let fingerprint = Fingerprint::of(&view, &policy.fingerprint).map_err(key_problem)?;
+    let span = tracing::Span::current();
+    // The redacted key is a hash: only worth computing if someone listens.
+    if !span.is_disabled() {
+        span.record("key", key.redacted());
+    }
+    Ok(Some(Target { key, fingerprint }))
+}
+
+/// Whether the request carries none of the key's client-supplied parts: the
+/// only case an optional key lets through undeduplicated.
+fn no_client_part(policy: &Policy, view: &RequestView<'_>) -> bool {
+    policy
+        .template
+        .placeholders()
+        .filter(|p| p.is_client_supplied())
+        .all(|p| !view.is_present(p))
+}
+
+/// A key the client's request cannot make: 400.
+fn key_problem(err: KeyError) -> Answer {
+    Answer::Rejected(match err {
+        KeyError::Missing(_) => Problem::KeyMissing(err.to_string()),
+        _ => Problem::KeyInvalid(err.to_string()),
+    })
+}
+
+/// The matched route's parameters: they name the resource, so they feed the
+/// fingerprint even when the key does not read them.
+async fn path_params(parts: &mut Parts, policy: &Policy) -> Vec<(String, String)> {
+    #[cfg(feature = "axum")]
+    if let Some(params) = axum_path_params(parts).await {
+        return params;
+    }
+    policy
+        .route
+        .as_ref()
+        .and_then(|pattern| pattern.captures(parts.uri.path()))
+        .unwrap_or_default()
+}
+
+/// The parameters axum's router matched, if it routed the request.
+#[cfg(feature = "axum")]
+async fn axum_path_params(parts: &mut Parts) -> Option<Vec<(String, String)>> {
+    use axum::extract::{FromRequestParts, RawPathParams};
+
+    let params = RawPathParams::from_request_parts(parts, &()).await.ok()?;
+    Some(
+        params
+            .iter()
+            .map(|(name, value)| (name.to_owned(), value.to_owned()))
+            .collect(),
+    )
+}

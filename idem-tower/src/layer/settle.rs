@@ -1,0 +1,220 @@
+//! Settling a claim once the service has answered: the response sorted by
+//! the outcome policy, a final one buffered and kept, anything else letting
+//! the key go; finished even if the client has gone (ARCHITECTURE.md,
+//! "Records").
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, Response};
+use http_body::Body;
+use http_body_util::BodyExt;
+use idem_core::{Outcome, StoredResponse};
+use tracing::Instrument;
+
+use super::answer::Answer;
+use super::claim::Claimed;
+use super::layer::Settings;
+use crate::HandlerRan;
+use crate::layer::ResponseBody;
+use crate::metrics::{self, Handled};
+
+/// Keeps a final response (stored, or committed with the handler's
+/// writes), or lets the key go for anything else.
+pub(super) async fn settle<B>(
+    settings: Settings,
+    claimed: Claimed,
+    response: Response<B>,
+    route: String,
+) -> Response<ResponseBody<B>>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Send,
+{
+    match classify(&settings, response).await {
+        Classified::Final(outcome, response) => {
+            match claimed.finish(&outcome, settings.retention).await {
+                Ok(()) => {
+                    metrics::request(Handled::First, &route);
+                    response
+                }
+                // Nothing committed: the handler's writes are gone too, so
+                // the client must not see its success.
+                Err(err) => Answer::Unavailable(err).respond(&settings, &route),
+            }
+        }
+        Classified::NotFinal(response) => {
+            metrics::request(Handled::Released, &route);
+            claimed.abort("response not final").await;
+            response
+        }
+        Classified::NotRun(response) => {
+            metrics::request(Handled::NotRun, &route);
+            claimed.abort("refused before the handler ran").await;
+            response
+        }
+    }
+}
+
+/// Runs the settling in place, and makes sure a client that disconnects now
+/// cannot cancel it: the handler's effect happened, and its outcome must be
+/// stored (or committed) whether or not anyone is still listening.
+/// Otherwise the claim would be let go and a retry would run the effect
+/// again. If the request future is dropped before the work is done, the
+/// work moves to a task of its own and finishes there (see [`Settling`]).
+pub(super) async fn detached<B>(
+    settling: impl Future<Output = Response<ResponseBody<B>>> + Send + 'static,
+) -> Response<ResponseBody<B>>
+where
+    B: Body + Send + 'static,
+    B::Error: Send,
+{
+    Settling(Some(Box::pin(settling.in_current_span()))).await
+}
+
+/// Work that must finish once started: polled in place (no task to spawn on
+/// the common path, where the client waits for its answer), and handed to a
+/// spawned task if dropped unfinished.
+struct Settling<F: Future<Output: Send> + Send + 'static>(Option<Pin<Box<F>>>);
+
+impl<F: Future<Output: Send> + Send + 'static> Future for Settling<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        // Taken out while polled: if the poll panics, the drop below finds
+        // nothing to hand on, and the half-run future is not resumed.
+        let mut settling = self.0.take().expect("polled after completion");
+        match settling.as_mut().poll(cx) {
+            Poll::Ready(out) => Poll::Ready(out),
+            Poll::Pending => {
+                self.0 = Some(settling);
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl<F: Future<Output: Send> + Send + 'static> Drop for Settling<F> {
+    fn drop(&mut self) {
+        let Some(settling) = self.0.take() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                tracing::debug!("request dropped while storing its outcome; finishing on a task");
+                runtime.spawn(async move {
+                    settling.await;
+                });
+            }
+            // Dropping it here releases the claim through its guard, or rolls
+            // the transaction back: the retry then runs the effect again.
+            Err(_) => tracing::error!(
+                "no tokio runtime to finish storing an outcome; the request's claim is abandoned"
+            ),
+        }
+    }
+}
+
+/// A handler's response, sorted by the outcome policy.
+enum Classified<B: Body> {
+    /// Final: keep this outcome; send this response.
+    Final(Outcome, Response<ResponseBody<B>>),
+    /// Not final (5xx, 429, ...): let the key go; send this response.
+    NotFinal(Response<ResponseBody<B>>),
+    /// Not the handler's: a rejection from before it ran, on a route that
+    /// requires [`HandlerRan`]. Let the key go; send this response.
+    NotRun(Response<ResponseBody<B>>),
+}
+
+/// Applies the outcome policy, buffering a final response for storage.
+async fn classify<B>(settings: &Settings, response: Response<B>) -> Classified<B>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+{
+    let config = settings.config();
+    let status = response.status();
+    if settings.policy.require_handler_ran && response.extensions().get::<HandlerRan>().is_none() {
+        // A refusal from before the handler is a client error; a success
+        // without the mark is a handler that forgot it, and releasing it
+        // would deduplicate nothing: kept, and said.
+        if status.is_client_error() || status.is_server_error() {
+            tracing::debug!(
+                status = status.as_u16(),
+                "refused before the handler ran; nothing kept"
+            );
+            return Classified::NotRun(response.map(ResponseBody::inner));
+        }
+        tracing::warn!(
+            status = status.as_u16(),
+            "a response without HandlerRan on a route that requires it: kept as the \
+             handler's; mark the handler's responses with HandlerRan"
+        );
+    }
+    if !(config.final_status)(status) {
+        return Classified::NotFinal(response.map(ResponseBody::inner));
+    }
+    let (parts, body) = response.into_parts();
+    let (outcome, body) = match buffer_response(body, config.max_stored_response).await {
+        Buffered::Whole(bytes) => {
+            let headers = replay_headers(settings, &parts.headers);
+            let stored = StoredResponse::new(status, headers, bytes.clone());
+            (Outcome::Response(stored), ResponseBody::full(bytes))
+        }
+        Buffered::Partial(prefix, rest) => {
+            tracing::warn!(
+                limit = config.max_stored_response,
+                "response too large to store; duplicates will get 409"
+            );
+            (Outcome::NotReplayable, ResponseBody::prefixed(prefix, rest))
+        }
+        Buffered::Failed(prefix, err) => {
+            // The handler ran; its effect must not run again.
+            tracing::warn!("response body failed; completing as not replayable");
+            (Outcome::NotReplayable, ResponseBody::failed(prefix, err))
+        }
+    };
+    Classified::Final(outcome, Response::from_parts(parts, body))
+}
+
+/// What became of a response body read for storage.
+enum Buffered<B: Body> {
+    Whole(Bytes),
+    /// Over the cap: the part read, and the rest still to stream.
+    Partial(Bytes, Pin<Box<B>>),
+    /// The body failed after this much.
+    Failed(Bytes, B::Error),
+}
+
+/// Reads a response body for storage, up to `cap` bytes.
+async fn buffer_response<B: Body<Data = Bytes>>(body: B, cap: usize) -> Buffered<B> {
+    let mut body = Box::pin(body);
+    let mut buf = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(frame) => {
+                if let Ok(data) = frame.into_data() {
+                    buf.extend_from_slice(&data);
+                    if buf.len() > cap {
+                        return Buffered::Partial(buf.freeze(), body);
+                    }
+                }
+            }
+            Err(err) => return Buffered::Failed(buf.freeze(), err),
+        }
+    }
+    Buffered::Whole(buf.freeze())
+}
+
+/// The response headers a replay repeats: the handle's allow-list, less
+/// those never replayed.
+fn replay_headers(settings: &Settings, headers: &HeaderMap) -> HeaderMap {
+    let mut kept = HeaderMap::new();
+    for (name, value) in headers {
+        if settings.idem.replays(name) {
+            kept.append(name.clone(), value.clone());
+        }
+    }
+    kept
+}
