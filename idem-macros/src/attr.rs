@@ -164,7 +164,7 @@ impl RawArgs {
                     span,
                     format!(
                         "the key reads the request body ({body}), so the fingerprint must \
-                         cover it too: remove `fingerprint = \"none\"` to fingerprint the whole \
+                         cover it too: remove `fingerprint = \"method_and_route\"` to fingerprint the whole \
                          body, or list the fields that identify the request, such as \
                          fingerprint = [\"{}\"]",
                         body.trim_start_matches("{body:").trim_end_matches('}')
@@ -407,7 +407,7 @@ impl Parse for PointerList {
             return Err(syn::Error::new(
                 span,
                 "an empty list fingerprints nothing of the body: list the JSON pointers that \
-                 identify the request, such as [\"/amount\"], or write fingerprint = \"none\"",
+                 identify the request, such as [\"/amount\"], or write fingerprint = \"method_and_route\"",
             ));
         }
         let mut pointers: Vec<LitStr> = Vec::with_capacity(lits.len());

@@ -137,10 +137,10 @@ impl IdempotencyBuilder {
     /// paused, or a handler blocking its thread without `spawn_blocking`,
     /// which starves its own renewals). Then another attempt with the same
     /// key may take the key over and run the effect again, and the first
-    /// attempt's completion is refused ([`ErrorKind::LeaseLost`]; its client
+    /// attempt's completion is refused ([`ErrorKind::LeaseLost`](crate::ErrorKind::LeaseLost); its client
     /// still gets its response, duplicates get the other attempt's). An
     /// effect that must never run twice belongs in transactional mode
-    /// ([`IdempotencyLayer::transactional`]), whose claim lives exactly as
+    /// ([`IdempotencyLayer::transactional`](crate::IdempotencyLayer::transactional)), whose claim lives exactly as
     /// long as its transaction, or behind a business-side guard.
     ///
     /// In transactional mode the claim is not renewed: it lives exactly as

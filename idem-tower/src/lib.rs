@@ -41,7 +41,7 @@
 //! handle's [`Resolver`]s find are part of the stored key whether or not the
 //! template names them, so one caller is never replayed another's response.
 //! Resolve them from what your application already trusts:
-//! [`Resolver::from_extractor`] runs the extractor your handlers
+//! `Resolver::from_extractor` (feature `axum`) runs the extractor your handlers
 //! authenticate with (its rejection, such as a 401, is the answer, and
 //! nothing is claimed). A key every caller shares is an explicit opt-in:
 //! [`IdempotencyLayer::shared_across_callers`].
@@ -91,9 +91,9 @@
 //! | store | feature | use |
 //! |---|---|---|
 //! | [`MemoryStore`] | `memory` (default) | one process, tests, development |
-//! | `PgStore`, `MySqlStore`, `SqliteStore` | `postgres`, `mysql`, `sqlite` | the source of truth: one row per key under a unique index, on your own sqlx pool; `store.migrate().await?` creates the table |
+//! | `PgStore`, `MySqlStore`, `SqliteStore` | `postgres`, `mysql`, `sqlite` | the source of truth: one row per key under a unique index, on your own sqlx pool; `store.migrate().await?` creates the table; `PgStore::builder(pool)` sets the table, the lock timeout and the open transaction limit |
 //! | `RedisStore` | `redis` | the fast gate: one round trip per claim; alone only where losing a key is acceptable |
-//! | `TieredStore::new(gate, truth)` | `redis` + a SQL feature | Redis in front of a SQL store: duplicates answered by Redis, SQL's unique index the bottom line; Redis failures degrade to SQL alone |
+//! | `TieredStore::new(gate, truth)` | `redis` + a SQL feature | Redis in front of a SQL store: duplicates answered by Redis, SQL's unique index the bottom line; Redis failures degrade to SQL alone; `TieredStore::builder(gate, truth)` sets the gate timeout, the breaker and an in-process cache |
 //!
 //! idem-core's docs for each store (`idem_tower::core::sql`,
 //! `idem_tower::core::redis`, `idem_tower::core::tiered`) give the details:
@@ -156,11 +156,14 @@
 //!   as an extractor.
 //! - `macros`: the `#[idempotent]` attribute for axum handlers (implies
 //!   `axum`).
-//! - `postgres`, `mysql`, `sqlite`: the SQL stores ([`PgStore`],
-//!   [`MySqlStore`], [`SqliteStore`]) and, with `axum`, the [`Tx`] extractor
+//! - `postgres`, `mysql`, `sqlite`: the SQL stores (`PgStore`,
+//!   `MySqlStore`, `SqliteStore`) and, with `axum`, the `Tx` extractor
 //!   for transactional mode.
-//! - `redis`: [`RedisStore`], and [`TieredStore`] to put it in front of a
+//! - `redis`: `RedisStore`, and `TieredStore` to put it in front of a
 //!   SQL store as the fast gate.
+//! - `guards`: the business-side guards in `idem_tower::core::guards`
+//!   (state-machine compare-and-set, counters, one-time tokens, the inbox,
+//!   a lock), on the SQL and Redis features enabled.
 //! - `test-util`: the store conformance suite.
 //!
 //! [tower]: https://docs.rs/tower

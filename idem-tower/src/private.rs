@@ -229,12 +229,12 @@ where
             target: "idem_tower",
             route = request.uri().path(),
             "#[idempotent(transactional)] handler on a store without transactions: \
-             use PgStore, MySqlStore or SqliteStore"
+             use PgStore, MySqlStore, SqliteStore or a TieredStore in front of one"
         );
         return Box::pin(std::future::ready(
             crate::Problem::Misconfigured(
                 "this #[idempotent(transactional)] handler's store has no transactions: \
-                 build the Idempotency handle on PgStore, MySqlStore or SqliteStore"
+                 build the Idempotency handle on PgStore, MySqlStore, SqliteStore or a TieredStore in front of one"
                     .to_owned(),
             )
             .to_response(),

@@ -37,7 +37,7 @@ pub(crate) enum Unresolved {
 /// bound to (see [`IdempotencyLayer::shared_across_callers`]).
 ///
 /// Prefer the identity your application already trusts: the extractor its
-/// handlers authenticate with ([`Resolver::from_extractor`]), or a value an
+/// handlers authenticate with (`Resolver::from_extractor`, feature `axum`), or a value an
 /// authentication middleware put in the request extensions
 /// ([`Resolver::extension`]). [`Resolver::header`] trusts the client, which
 /// is only right behind a gateway that sets the header itself.

@@ -103,10 +103,18 @@ async fn instance_with(
 /// A pool on the test database, with the effects table in place.
 async fn effects_table(url: &str) -> PgPool {
     let pool = PgPool::connect(url).await.expect("PostgreSQL");
+    // Two tests may create it at once, and concurrent CREATE TABLE IF NOT
+    // EXISTS can collide in PostgreSQL's catalog: one at a time.
+    let mut tx = pool.begin().await.expect("a transaction");
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('storm_effects'))")
+        .execute(&mut *tx)
+        .await
+        .expect("the creation lock");
     sqlx::query("CREATE TABLE IF NOT EXISTS storm_effects (op TEXT NOT NULL)")
-        .execute(&pool)
+        .execute(&mut *tx)
         .await
         .expect("the effects table");
+    tx.commit().await.expect("the effects table, committed");
     pool
 }
 

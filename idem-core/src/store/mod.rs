@@ -16,5 +16,5 @@ pub use contract::IdempotencyStore;
 pub use erased::{BoxFuture, DynStore};
 pub use transactional::{OpenTransaction, TransactionalStore, TxClaim, TxHandle};
 
-pub use crate::record::{Claim, Duplicate, Outcome, OwnerToken, Record};
+pub use crate::record::{Claim, DecodeError, Duplicate, Outcome, OwnerToken, Record};
 pub use crate::{Error, ErrorKind, Fingerprint, IdempotencyKey, StoredResponse};

@@ -58,7 +58,7 @@ pub(super) async fn claim(
         (true, None) => {
             return Err(Answer::Misconfigured(
                 "the route is transactional and its store has no transactions: build the \
-                 Idempotency handle on PgStore, MySqlStore or SqliteStore"
+                 Idempotency handle on PgStore, MySqlStore, SqliteStore or a TieredStore in front of one"
                     .to_owned(),
             ));
         }

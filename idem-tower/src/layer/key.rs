@@ -58,6 +58,22 @@ pub(super) async fn target(
             Ok(key) => key,
             // Path parameters come from the route, never the client: one the
             // route lacks is a template written for another route.
+            Err(KeyError::Missing(Placeholder::Path(_)))
+                if params.is_empty()
+                    && policy
+                        .route
+                        .as_ref()
+                        .is_some_and(|pattern| pattern.captures(parts.uri.path()).is_none()) =>
+            {
+                return Err(Answer::Misconfigured(format!(
+                    "the request path `{}` does not match the layer's route `{route}`, so the \
+                     key template `{}` has no path parameters to read: put the layer on the \
+                     service that serves that route only, or fix the pattern given to \
+                     IdempotencyLayer::route",
+                    parts.uri.path(),
+                    policy.template
+                )));
+            }
             Err(KeyError::Missing(Placeholder::Path(name))) => {
                 return Err(Answer::Misconfigured(format!(
                     "the key template `{}` reads {{path:{name}}}, and the route `{route}` has no \

@@ -225,7 +225,7 @@ impl IdempotencyLayer {
             return Err(Error::new(
                 ErrorKind::Config,
                 "transactional mode needs a store that runs in the database transaction \
-                 (PgStore, MySqlStore or SqliteStore)",
+                 (PgStore, MySqlStore, SqliteStore, or a TieredStore in front of one)",
             ));
         }
         self.policy().transactional = true;
