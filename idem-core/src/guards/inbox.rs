@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::sql::{Ident, Params, Value, config, db_error, is_retryable};
+use super::sql::{Ident, Params, Value, check_short_text, create_table, db_error, is_retryable};
 use crate::sql::Dialect;
 use crate::store::BoxFuture;
 use crate::time::millis;
@@ -13,9 +13,6 @@ use crate::{Error, ErrorKind};
 
 /// The table [`Inbox`] keeps its log in unless told otherwise.
 pub const DEFAULT_INBOX_TABLE: &str = "idem_inbox";
-
-/// The longest consumer name, message id or business id the log keeps.
-const MAX_ID_LEN: usize = 255;
 
 /// How many times a record retries when the row it collided with vanished
 /// (purged) before it could be read.
@@ -149,16 +146,6 @@ impl<DB: Dialect> fmt::Debug for Inbox<DB> {
     }
 }
 
-fn check_len(what: &str, value: &str) -> Result<(), Error> {
-    if value.is_empty() || value.len() > MAX_ID_LEN {
-        return Err(config(format!(
-            "{what} must be 1 to {MAX_ID_LEN} bytes, not {}",
-            value.len()
-        )));
-    }
-    Ok(())
-}
-
 impl<DB: Dialect> Inbox<DB> {
     /// The log of `consumer` (1 to 255 bytes; consumers sharing a table keep
     /// separate logs) in [`DEFAULT_INBOX_TABLE`] on `pool`.
@@ -172,7 +159,7 @@ impl<DB: Dialect> Inbox<DB> {
     }
 
     fn build(pool: sqlx::Pool<DB>, table: Ident, consumer: &str) -> Result<Self, Error> {
-        check_len("a consumer name", consumer)?;
+        check_short_text("a consumer name", consumer)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
@@ -190,22 +177,17 @@ impl<DB: Dialect> Inbox<DB> {
     /// Creates the table if missing. Safe to run at every start, from
     /// several processes.
     pub async fn migrate(&self) -> Result<(), Error> {
-        let table = &self.inner.table;
-        let ddl = format!(
-            "CREATE TABLE IF NOT EXISTS {table} ( \
-               consumer {text} NOT NULL, \
-               message_id {text} NOT NULL, \
-               business_id {text} NOT NULL, \
-               received_at {ts} NOT NULL, \
-               PRIMARY KEY (consumer, message_id), \
-               UNIQUE (consumer, business_id)){options}",
+        let columns = format!(
+            "consumer {text} NOT NULL, \
+             message_id {text} NOT NULL, \
+             business_id {text} NOT NULL, \
+             received_at {ts} NOT NULL, \
+             PRIMARY KEY (consumer, message_id), \
+             UNIQUE (consumer, business_id)",
             text = DB::SHORT_TEXT,
             ts = DB::TIMESTAMP,
-            options = DB::TABLE_OPTIONS,
         );
-        DB::create_table(&self.inner.pool, table.as_str(), ddl)
-            .await
-            .map_err(db_error)
+        create_table(&self.inner.pool, &self.inner.table, &columns).await
     }
 
     /// Records `message_id` / `business_id` on `conn`, which must be in the
@@ -222,8 +204,8 @@ impl<DB: Dialect> Inbox<DB> {
         message_id: &str,
         business_id: &str,
     ) -> Result<Delivery, Error> {
-        check_len("a message id", message_id)?;
-        check_len("a business id", business_id)?;
+        check_short_text("a message id", message_id)?;
+        check_short_text("a business id", business_id)?;
         let t = &self.inner.table;
         let mut p = Params::<DB>::new();
         // Ids are length-checked above, so MySQL's INSERT IGNORE can only
@@ -258,27 +240,18 @@ impl<DB: Dialect> Inbox<DB> {
             {
                 return Ok(Delivery::First);
             }
-            if DB::fetch_ints(
-                conn,
-                by_message.clone(),
-                &[Value::Text(consumer), Value::Text(message_id)],
-            )
-            .await
-            .map_err(db_error)?
-            .is_some()
-            {
-                return Ok(Delivery::Duplicate(DuplicateOf::Message));
-            }
-            if DB::fetch_ints(
-                conn,
-                by_business.clone(),
-                &[Value::Text(consumer), Value::Text(business_id)],
-            )
-            .await
-            .map_err(db_error)?
-            .is_some()
-            {
-                return Ok(Delivery::Duplicate(DuplicateOf::BusinessEvent));
+            for (find, id, of) in [
+                (&by_message, message_id, DuplicateOf::Message),
+                (&by_business, business_id, DuplicateOf::BusinessEvent),
+            ] {
+                let args = [Value::Text(consumer), Value::Text(id)];
+                if DB::fetch_ints(conn, find.clone(), &args)
+                    .await
+                    .map_err(db_error)?
+                    .is_some()
+                {
+                    return Ok(Delivery::Duplicate(of));
+                }
             }
             // The row in the way was purged meanwhile: insert again.
         }

@@ -115,8 +115,6 @@ pub use inbox::{DEFAULT_INBOX_TABLE, Delivery, DuplicateOf, Inbox, ProcessError,
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use lock::{KeepAlive, LockGuard, RedisLock};
 #[cfg(feature = "sql")]
-pub(crate) use sql::Value;
-#[cfg(feature = "sql")]
 #[cfg_attr(
     docsrs,
     doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))

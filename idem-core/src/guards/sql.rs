@@ -6,6 +6,7 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use crate::sql::Dialect;
+pub(crate) use crate::sql::Value;
 use crate::{Error, ErrorKind};
 
 /// A validated SQL identifier: a table or column name made of ASCII letters,
@@ -105,16 +106,6 @@ impl<'a> RowId<'a> {
     }
 }
 
-/// A value bound to a guard's statement.
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy)]
-#[allow(unreachable_pub)] // sealed: named only inside the crate
-pub enum Value<'a> {
-    Text(&'a str),
-    Int(i64),
-    Bytes(&'a [u8]),
-}
-
 /// Hands out a statement's parameter placeholders in order.
 pub(crate) struct Params<DB> {
     next: usize,
@@ -140,6 +131,23 @@ impl<DB: Dialect> Params<DB> {
     pub(crate) fn list(&mut self, n: usize) -> String {
         (0..n).map(|_| self.next()).collect::<Vec<_>>().join(", ")
     }
+}
+
+/// The longest value a guard keeps in a short text column
+/// ([`Dialect::SHORT_TEXT`]): a token's subject, the inbox's consumer
+/// name, message id and business id.
+const MAX_SHORT_TEXT: usize = 255;
+
+/// `value` fits a short text column: 1 to [`MAX_SHORT_TEXT`] bytes; else an
+/// [`ErrorKind::Config`] error saying that `what` does not.
+pub(crate) fn check_short_text(what: &str, value: &str) -> Result<(), Error> {
+    if value.is_empty() || value.len() > MAX_SHORT_TEXT {
+        return Err(config(format!(
+            "{what} must be 1 to {MAX_SHORT_TEXT} bytes, not {}",
+            value.len()
+        )));
+    }
+    Ok(())
 }
 
 /// Whether `err` is a deadlock or serialization failure: the database rolled
@@ -173,6 +181,22 @@ pub(crate) async fn update_one<DB: Dialect>(
             "{table}.{id_col} is not unique: {what} moved {rows} rows"
         ))),
     }
+}
+
+/// Creates a guard's `table` with `columns` if it is missing, one process
+/// at a time ([`Dialect::create_table`]).
+pub(crate) async fn create_table<DB: Dialect>(
+    pool: &sqlx::Pool<DB>,
+    table: &Ident,
+    columns: &str,
+) -> Result<(), Error> {
+    let ddl = format!(
+        "CREATE TABLE IF NOT EXISTS {table} ({columns}){}",
+        DB::TABLE_OPTIONS
+    );
+    DB::create_table(pool, table.as_str(), ddl)
+        .await
+        .map_err(db_error)
 }
 
 /// A database error, kept whole as the source.

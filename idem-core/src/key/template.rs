@@ -5,6 +5,8 @@ use std::str::FromStr;
 
 use http::HeaderName;
 
+use super::{TemplateError, TemplateErrorKind};
+
 /// One `{...}` placeholder of a [`KeyTemplate`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -262,105 +264,6 @@ fn parse_placeholder(inner: &str, offset: usize) -> Result<Placeholder, Template
         )),
     }
 }
-
-/// Why a key template was rejected, and where in it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TemplateError {
-    span: std::ops::Range<usize>,
-    kind: TemplateErrorKind,
-}
-
-/// The reason a [`TemplateError`] was raised.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum TemplateErrorKind {
-    /// The template is empty.
-    Empty,
-    /// No placeholder identifies the request: every request would share a key.
-    Constant,
-    /// A `{` without its `}`.
-    Unclosed,
-    /// A `}` without a `{` before it.
-    UnopenedBrace,
-    /// A `{` inside a placeholder.
-    Nested,
-    /// A literal character that is not visible ASCII.
-    InvalidLiteral(char),
-    /// A placeholder that is not one of the known kinds.
-    UnknownPlaceholder(String),
-    /// A placeholder kind that needs an argument, given none.
-    MissingArgument {
-        /// The placeholder kind, such as `header`.
-        placeholder: String,
-        /// What the argument should be.
-        what: &'static str,
-    },
-    /// An argument to a placeholder that takes none.
-    UnexpectedArgument(String),
-    /// A header, path or query name that is not valid.
-    InvalidName(String),
-    /// A body placeholder whose JSON pointer does not start with `/`.
-    InvalidPointer(String),
-}
-
-impl TemplateError {
-    fn new(span: std::ops::Range<usize>, kind: TemplateErrorKind) -> Self {
-        Self { span, kind }
-    }
-
-    /// The byte range of the template the error points at.
-    pub fn span(&self) -> std::ops::Range<usize> {
-        self.span.clone()
-    }
-
-    /// The reason.
-    pub fn kind(&self) -> &TemplateErrorKind {
-        &self.kind
-    }
-}
-
-impl fmt::Display for TemplateError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.kind {
-            TemplateErrorKind::Empty => f.write_str("the key template is empty"),
-            TemplateErrorKind::Constant => f.write_str(
-                "the key template is constant: add a per-request placeholder such as \
-                 {header:idempotency-key}, {path:id}, {query:id} or {body:/id}, \
-                 or every request would share one key",
-            ),
-            TemplateErrorKind::Unclosed => f.write_str("`{` is never closed: add a `}`"),
-            TemplateErrorKind::UnopenedBrace => {
-                f.write_str("`}` has no matching `{`; braces may only surround placeholders")
-            }
-            TemplateErrorKind::Nested => f.write_str("placeholders cannot be nested"),
-            TemplateErrorKind::InvalidLiteral(c) => write!(
-                f,
-                "{c:?} is not allowed in a key template: use visible ASCII only"
-            ),
-            TemplateErrorKind::UnknownPlaceholder(p) => write!(
-                f,
-                "unknown placeholder {{{p}}}: expected one of {{tenant}}, {{user}}, {{method}}, \
-                 {{route}}, {{header:NAME}}, {{path:NAME}}, {{query:NAME}}, {{body:/pointer}}"
-            ),
-            TemplateErrorKind::MissingArgument { placeholder, what } => {
-                write!(
-                    f,
-                    "{{{placeholder}}} needs {what}, as in {{{placeholder}:...}}"
-                )
-            }
-            TemplateErrorKind::UnexpectedArgument(p) => {
-                write!(f, "{{{p}}} takes no argument: write {{{p}}}")
-            }
-            TemplateErrorKind::InvalidName(n) => write!(f, "{n:?} is not a valid name"),
-            TemplateErrorKind::InvalidPointer(p) => write!(
-                f,
-                "{p:?} is not a JSON pointer: it must start with `/`, as in {{body:/order_no}}"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for TemplateError {}
 
 #[cfg(test)]
 mod tests {

@@ -60,9 +60,10 @@
 //!
 //! # Transactional mode
 //!
-//! Each store is also a [`TransactionalStore`]: the claim row, the handler's
-//! business writes and the stored response commit in one transaction. See
-//! [`store`](crate::store) and the `Tx` extractor of
+//! Each store is also a
+//! [`TransactionalStore`](crate::store::TransactionalStore): the claim row,
+//! the handler's business writes and the stored response commit in one
+//! transaction. See [`store`](crate::store) and the `Tx` extractor of
 //! `idem-tower`. A claim in transactional mode lives exactly as long as its
 //! transaction: a crash rolls it back and frees the key at once. On
 //! SQLite and MySQL/MariaDB a transactional claim writes first, without the
@@ -98,6 +99,7 @@ mod dialect;
 #[cfg(feature = "mysql")]
 mod mysql;
 mod open;
+mod plain;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod slot;
@@ -111,6 +113,8 @@ use std::time::Duration;
 
 pub use builder::SqlStoreBuilder;
 pub use dialect::Dialect;
+#[cfg(feature = "guards")]
+pub(crate) use dialect::Value;
 use dialect::{ClaimArgs, ClaimStep, Queries};
 use open::OpenClaims;
 pub use slot::{TxLease, TxSlot};
@@ -118,10 +122,7 @@ pub use slot::{TxLease, TxSlot};
 /// store takes.
 pub use sqlx;
 
-use crate::store::TransactionalStore;
-use crate::{
-    Claim, Error, ErrorKind, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken,
-};
+use crate::{Claim, Error, ErrorKind, Fingerprint, IdempotencyKey, OwnerToken};
 
 /// The table records go in unless configured otherwise.
 pub const DEFAULT_TABLE: &str = "idem_records";
@@ -327,91 +328,6 @@ pub(crate) fn validate_identifier(name: &str) -> Result<(), Error> {
                  underscores, not starting with a digit, at most 48 bytes"
             ),
         ))
-    }
-}
-
-impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
-    async fn claim(
-        &self,
-        key: &IdempotencyKey,
-        fingerprint: &Fingerprint,
-        lease: Duration,
-        owner: OwnerToken,
-    ) -> Result<Claim, Error> {
-        let mut conn = self.inner.pool.acquire().await.map_err(unavailable)?;
-        let hash = key_hash(key);
-        // Read first: a duplicate of a live record is answered from a plain
-        // read, without writing or locking anything. The upsert would lock
-        // the row even when it changes nothing (PostgreSQL: a row lock and WAL
-        // to flush at commit, with every duplicate of the key queued behind
-        // it; MySQL/MariaDB: an exclusive record lock; SQLite: the database's
-        // write lock). The read sees committed rows only and acquires
-        // nothing: absent and expired keys still go to the upsert, which
-        // alone decides who acquires. On PostgreSQL the claim statement
-        // itself reads first.
-        if !DB::CLAIM_READS_FIRST
-            && let Some(row) = DB::read(&mut conn, &self.inner.queries, &hash)
-                .await
-                .map_err(unavailable)?
-            && let Some(answer) = row.answer(fingerprint)?
-        {
-            return Ok(answer);
-        }
-        self.claim_on(&mut conn, key, &hash, fingerprint, lease, owner)
-            .await
-            .map_err(unavailable)
-    }
-
-    async fn complete(
-        &self,
-        key: &IdempotencyKey,
-        owner: &OwnerToken,
-        outcome: &Outcome,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        let mut conn = self.inner.pool.acquire().await.map_err(unavailable)?;
-        let done = DB::complete(
-            &mut conn,
-            &self.inner.queries,
-            &key_hash(key),
-            owner,
-            &outcome.encode(),
-            millis(retention),
-        )
-        .await
-        .map_err(unavailable)?;
-        Error::fenced(done)
-    }
-
-    async fn release(&self, key: &IdempotencyKey, owner: &OwnerToken) -> Result<(), Error> {
-        let mut conn = self.inner.pool.acquire().await.map_err(unavailable)?;
-        let done = DB::release(&mut conn, &self.inner.queries, &key_hash(key), owner)
-            .await
-            .map_err(unavailable)?;
-        Error::fenced(done)
-    }
-
-    async fn renew(
-        &self,
-        key: &IdempotencyKey,
-        owner: &OwnerToken,
-        lease: Duration,
-    ) -> Result<(), Error> {
-        let mut conn = self.inner.pool.acquire().await.map_err(unavailable)?;
-        let done = DB::renew(
-            &mut conn,
-            &self.inner.queries,
-            &key_hash(key),
-            owner,
-            millis(lease),
-        )
-        .await
-        .map_err(unavailable)?;
-        Error::fenced(done)
-    }
-
-    fn transactional(&self) -> Option<&dyn TransactionalStore> {
-        Some(self)
     }
 }
 

@@ -10,14 +10,12 @@ use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, MySql};
 
 use super::dialect::{
-    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, bind_claim, has_code, record_row, sealed,
-    shared_statements,
+    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, bind_all, has_code, record_row,
+    run_migrations, sealed, shared_statements,
 };
 #[cfg(feature = "guards")]
-use super::dialect::{bind_all, guard_statements, int_columns};
+use super::dialect::{Value, guard_statements, int_columns};
 use crate::OwnerToken;
-#[cfg(feature = "guards")]
-use crate::guards::Value;
 
 const MIGRATIONS: &[(i64, &str)] = &[(
     1,
@@ -121,39 +119,19 @@ impl Dialect for MySql {
             .bind(&lock)
             .execute(&mut *conn)
             .await?;
-        let result = async {
-            sqlx::raw_sql(AssertSqlSafe(format!(
+        let result = run_migrations::<Self>(
+            &mut conn,
+            table,
+            MIGRATIONS,
+            format!(
                 "CREATE TABLE IF NOT EXISTS {table}_schema ( \
                    version BIGINT NOT NULL PRIMARY KEY, \
                    applied_at {} NOT NULL DEFAULT CURRENT_TIMESTAMP(6)){}",
                 Self::TIMESTAMP,
                 Self::TABLE_OPTIONS,
-            )))
-            .execute(&mut *conn)
-            .await?;
-            let applied: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
-                "SELECT {} FROM {table}_schema",
-                Self::int("MAX(version)"),
-            )))
-            .fetch_one(&mut *conn)
-            .await?;
-            for (version, sql) in MIGRATIONS {
-                if applied.is_some_and(|a| a >= *version) {
-                    continue;
-                }
-                sqlx::raw_sql(AssertSqlSafe(sql.replace("{table}", table)))
-                    .execute(&mut *conn)
-                    .await?;
-                sqlx::query(AssertSqlSafe(Self::insert_or_skip(
-                    &format!("{table}_schema (version)"),
-                    &Self::placeholder(1),
-                )))
-                .bind(version)
-                .execute(&mut *conn)
-                .await?;
-            }
-            Ok(())
-        }
+            ),
+            format!("SELECT {} FROM {table}_schema", Self::int("MAX(version)")),
+        )
         .await;
         sqlx::query("SELECT RELEASE_LOCK(?)")
             .bind(&lock)
@@ -169,7 +147,7 @@ impl Dialect for MySql {
         q: &Queries,
         args: ClaimArgs<'_>,
     ) -> Result<ClaimStep, sqlx::Error> {
-        bind_claim(sqlx::query(AssertSqlSafe(q.claim.clone())), &args)
+        bind_all(sqlx::query(AssertSqlSafe(q.claim.clone())), &args.values())
             .execute(&mut *conn)
             .await?;
         let Some(row) = Self::read(conn, q, args.key_hash).await? else {

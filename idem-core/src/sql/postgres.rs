@@ -8,14 +8,12 @@ use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Postgres, Row};
 
 use super::dialect::{
-    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, bind_claim, has_code, record_row, sealed,
-    shared_statements,
+    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, bind_all, has_code, record_row,
+    run_migrations, sealed, shared_statements,
 };
 #[cfg(feature = "guards")]
-use super::dialect::{bind_all, guard_statements, int_columns};
+use super::dialect::{Value, guard_statements, int_columns};
 use crate::OwnerToken;
-#[cfg(feature = "guards")]
-use crate::guards::Value;
 
 const MIGRATIONS: &[(i64, &str)] = &[(
     1,
@@ -123,34 +121,19 @@ impl Dialect for Postgres {
     async fn migrate(pool: &sqlx::Pool<Self>, table: &str) -> Result<(), sqlx::Error> {
         let mut tx = pool.begin().await?;
         lock_until_commit(&mut tx, format!("idem-migrate:{table}")).await?;
-        sqlx::raw_sql(AssertSqlSafe(format!(
-            "CREATE TABLE IF NOT EXISTS {table}_schema ( \
-               version BIGINT PRIMARY KEY, applied_at {} NOT NULL DEFAULT {})",
-            Self::TIMESTAMP,
-            Self::NOW,
-        )))
-        .execute(&mut *tx)
+        run_migrations::<Self>(
+            &mut tx,
+            table,
+            MIGRATIONS,
+            format!(
+                "CREATE TABLE IF NOT EXISTS {table}_schema ( \
+                   version BIGINT PRIMARY KEY, applied_at {} NOT NULL DEFAULT {})",
+                Self::TIMESTAMP,
+                Self::NOW,
+            ),
+            format!("SELECT max(version) FROM {table}_schema"),
+        )
         .await?;
-        let applied: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT max(version) FROM {table}_schema"
-        )))
-        .fetch_one(&mut *tx)
-        .await?;
-        for (version, sql) in MIGRATIONS {
-            if applied.is_some_and(|a| a >= *version) {
-                continue;
-            }
-            sqlx::raw_sql(AssertSqlSafe(sql.replace("{table}", table)))
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query(AssertSqlSafe(Self::insert_or_skip(
-                &format!("{table}_schema (version)"),
-                &Self::placeholder(1),
-            )))
-            .bind(version)
-            .execute(&mut *tx)
-            .await?;
-        }
         tx.commit().await
     }
 
@@ -161,7 +144,7 @@ impl Dialect for Postgres {
         q: &Queries,
         args: ClaimArgs<'_>,
     ) -> Result<ClaimStep, sqlx::Error> {
-        let row = bind_claim(sqlx::query(AssertSqlSafe(q.claim.clone())), &args)
+        let row = bind_all(sqlx::query(AssertSqlSafe(q.claim.clone())), &args.values())
             .fetch_one(&mut *conn)
             .await?;
         if row.try_get::<bool, _>(0)? {

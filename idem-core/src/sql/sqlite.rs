@@ -10,14 +10,12 @@ use sqlx::sqlite::SqliteConnection;
 use sqlx::{AssertSqlSafe, Sqlite};
 
 use super::dialect::{
-    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, bind_claim, has_code, record_row, sealed,
-    shared_statements,
+    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, bind_all, has_code, record_row,
+    run_migrations, sealed, shared_statements,
 };
 #[cfg(feature = "guards")]
-use super::dialect::{bind_all, guard_statements, int_columns};
+use super::dialect::{Value, guard_statements, int_columns};
 use crate::OwnerToken;
-#[cfg(feature = "guards")]
-use crate::guards::Value;
 
 const MIGRATIONS: &[(i64, &str)] = &[(
     1,
@@ -107,35 +105,20 @@ impl Dialect for Sqlite {
     async fn migrate(pool: &sqlx::Pool<Self>, table: &str) -> Result<(), sqlx::Error> {
         // BEGIN IMMEDIATE takes the write lock first: one migrator at a time.
         let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-        sqlx::raw_sql(AssertSqlSafe(format!(
-            "CREATE TABLE IF NOT EXISTS {table}_schema ( \
-               version INTEGER PRIMARY KEY, \
-               applied_at {} NOT NULL DEFAULT ({}))",
-            Self::TIMESTAMP,
-            Self::NOW,
-        )))
-        .execute(&mut *tx)
+        run_migrations::<Self>(
+            &mut tx,
+            table,
+            MIGRATIONS,
+            format!(
+                "CREATE TABLE IF NOT EXISTS {table}_schema ( \
+                   version INTEGER PRIMARY KEY, \
+                   applied_at {} NOT NULL DEFAULT ({}))",
+                Self::TIMESTAMP,
+                Self::NOW,
+            ),
+            format!("SELECT max(version) FROM {table}_schema"),
+        )
         .await?;
-        let applied: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT max(version) FROM {table}_schema"
-        )))
-        .fetch_one(&mut *tx)
-        .await?;
-        for (version, sql) in MIGRATIONS {
-            if applied.is_some_and(|a| a >= *version) {
-                continue;
-            }
-            sqlx::raw_sql(AssertSqlSafe(sql.replace("{table}", table)))
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query(AssertSqlSafe(Self::insert_or_skip(
-                &format!("{table}_schema (version)"),
-                &Self::placeholder(1),
-            )))
-            .bind(version)
-            .execute(&mut *tx)
-            .await?;
-        }
         tx.commit().await
     }
 
@@ -148,7 +131,7 @@ impl Dialect for Sqlite {
         q: &Queries,
         args: ClaimArgs<'_>,
     ) -> Result<ClaimStep, sqlx::Error> {
-        let inserted = bind_claim(sqlx::query(AssertSqlSafe(q.claim.clone())), &args)
+        let inserted = bind_all(sqlx::query(AssertSqlSafe(q.claim.clone())), &args.values())
             .fetch_optional(&mut *conn)
             .await?;
         if inserted.is_some() {

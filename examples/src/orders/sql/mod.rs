@@ -19,7 +19,7 @@ use std::future::Future;
 use std::sync::LazyLock;
 
 use idem_tower::core::guards::{LifecycleState, StateMachine, Transition};
-use idem_tower::core::sql::sqlx::{self, Pool};
+use idem_tower::core::sql::sqlx::{self, Pool, Transaction};
 
 use super::BoxError;
 use super::model::{NewOrder, Order, Payment, PaymentState, TransitionError};
@@ -66,6 +66,18 @@ pub trait OrdersSql: sqlx::Database {
     fn refund(
         pool: &Pool<Self>,
         payment_no: &str,
+    ) -> impl Future<Output = Result<Result<Payment, TransitionError>, BoxError>> + Send;
+    /// Moves a payment `from -> to` in `tx` and, if it moved, books its
+    /// ledger `entry` (bound to the payment number, then `amount_cents` if
+    /// given); commits, and reads the payment back. Already in `to` is a
+    /// success that books nothing.
+    fn move_payment(
+        pool: &Pool<Self>,
+        tx: Transaction<'static, Self>,
+        payment_no: &str,
+        from_to: (PaymentState, PaymentState),
+        entry: &'static str,
+        amount_cents: Option<i64>,
     ) -> impl Future<Output = Result<Result<Payment, TransitionError>, BoxError>> + Send;
     /// A payment with its ledger credit count.
     fn payment(
@@ -151,46 +163,51 @@ macro_rules! shared_queries {
                 }
                 Some(_) => {}
             }
-            let moved = PAYMENTS
-                .transition(&mut *tx, payment_no, &[PaymentState::WaitPay], PaymentState::Paid)
-                .await?;
-            if let Some(refused) = refused(moved) {
-                return Ok(Err(refused));
-            }
-            if moved == Transition::Applied {
-                sqlx::query(AssertSqlSafe($params(
-                    "INSERT INTO orders_ledger (payment_no, amount_cents) VALUES ($1, $2)",
-                )))
-                .bind(payment_no)
-                .bind(amount_cents)
-                .execute(&mut *tx)
-                .await?;
-            }
-            tx.commit().await?;
-            Ok(Self::payment(pool, payment_no)
-                .await?
-                .ok_or(TransitionError::NotFound))
+            Self::move_payment(
+                pool,
+                tx,
+                payment_no,
+                (PaymentState::WaitPay, PaymentState::Paid),
+                "INSERT INTO orders_ledger (payment_no, amount_cents) VALUES ($1, $2)",
+                Some(amount_cents),
+            )
+            .await
         }
 
         async fn refund(
             pool: &Pool<Self>,
             payment_no: &str,
         ) -> Result<Result<Payment, TransitionError>, BoxError> {
-            let mut tx = pool.begin().await?;
-            let moved = PAYMENTS
-                .transition(&mut *tx, payment_no, &[PaymentState::Paid], PaymentState::Refunded)
-                .await?;
+            Self::move_payment(
+                pool,
+                pool.begin().await?,
+                payment_no,
+                (PaymentState::Paid, PaymentState::Refunded),
+                "INSERT INTO orders_ledger (payment_no, amount_cents) \
+                 SELECT payment_no, -amount_cents FROM orders_payments WHERE payment_no = $1",
+                None,
+            )
+            .await
+        }
+
+        async fn move_payment(
+            pool: &Pool<Self>,
+            mut tx: sqlx::Transaction<'static, Self>,
+            payment_no: &str,
+            (from, to): (PaymentState, PaymentState),
+            entry: &'static str,
+            amount_cents: Option<i64>,
+        ) -> Result<Result<Payment, TransitionError>, BoxError> {
+            let moved = PAYMENTS.transition(&mut *tx, payment_no, &[from], to).await?;
             if let Some(refused) = refused(moved) {
                 return Ok(Err(refused));
             }
             if moved == Transition::Applied {
-                sqlx::query(AssertSqlSafe($params(
-                    "INSERT INTO orders_ledger (payment_no, amount_cents) \
-                     SELECT payment_no, -amount_cents FROM orders_payments WHERE payment_no = $1",
-                )))
-                .bind(payment_no)
-                .execute(&mut *tx)
-                .await?;
+                let mut entry = sqlx::query(AssertSqlSafe($params(entry))).bind(payment_no);
+                if let Some(amount_cents) = amount_cents {
+                    entry = entry.bind(amount_cents);
+                }
+                entry.execute(&mut *tx).await?;
             }
             tx.commit().await?;
             Ok(Self::payment(pool, payment_no)

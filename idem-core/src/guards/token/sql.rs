@@ -7,23 +7,12 @@ use std::time::Duration;
 
 use super::{ConsumedToken, OneTimeToken, TokenUse, ttl_from_ms};
 use crate::Error;
-use crate::guards::sql::{Ident, Params, Value, config, db_error};
+use crate::guards::sql::{Ident, Params, Value, check_short_text, create_table, db_error};
 use crate::sql::Dialect;
 use crate::time::millis;
 
 /// The table [`SqlTokens`] keeps tokens in unless told otherwise.
 pub const DEFAULT_TOKEN_TABLE: &str = "idem_tokens";
-
-/// A subject fits the table's key column: 1 to 255 bytes.
-fn check_subject(subject: &str) -> Result<(), Error> {
-    if subject.is_empty() || subject.len() > 255 {
-        return Err(config(format!(
-            "a token subject must be 1 to 255 bytes, not {}",
-            subject.len()
-        )));
-    }
-    Ok(())
-}
 
 /// One-time tokens in a SQL table: the hash as primary key, the subject,
 /// and an expiry judged by the database's clock.
@@ -115,26 +104,21 @@ impl<DB: Dialect> SqlTokens<DB> {
 
     /// Creates the table if missing. Safe to run at every start.
     pub async fn migrate(&self) -> Result<(), Error> {
-        let table = &self.inner.table;
-        let ddl = format!(
-            "CREATE TABLE IF NOT EXISTS {table} ( \
-               token_hash {hash} NOT NULL PRIMARY KEY, \
-               subject {text} NOT NULL, \
-               expires_at {ts} NOT NULL){options}",
+        let columns = format!(
+            "token_hash {hash} NOT NULL PRIMARY KEY, \
+             subject {text} NOT NULL, \
+             expires_at {ts} NOT NULL",
             hash = DB::HASH,
             text = DB::SHORT_TEXT,
             ts = DB::TIMESTAMP,
-            options = DB::TABLE_OPTIONS,
         );
-        DB::create_table(&self.inner.pool, table.as_str(), ddl)
-            .await
-            .map_err(db_error)
+        create_table(&self.inner.pool, &self.inner.table, &columns).await
     }
 
     /// Issues a token for `subject`, valid for `ttl` by the database's
     /// clock.
     pub async fn issue(&self, subject: &str, ttl: Duration) -> Result<OneTimeToken, Error> {
-        check_subject(subject)?;
+        check_short_text("a token subject", subject)?;
         let token = OneTimeToken::generate();
         let mut conn = self.inner.pool.acquire().await.map_err(db_error)?;
         self.insert(&mut *conn, &token, subject, millis(ttl))

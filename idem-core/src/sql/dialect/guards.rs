@@ -1,7 +1,5 @@
-//! The guards' side of the dialect: how a guard's statement is bound, run
-//! and read back, the same Rust on every database.
-
-use crate::guards::Value;
+//! The guards' side of the dialect: how a guard's statement is run and read
+//! back, the same Rust on every database.
 
 /// The statements the SQL guards run, written once and expanded in each
 /// database's `impl Dialect` with its concrete connection type (no
@@ -66,27 +64,6 @@ macro_rules! guard_statements {
     };
 }
 pub(crate) use guard_statements;
-
-/// Binds `args` to a query, in order.
-pub(crate) fn bind_all<'q, DB>(
-    mut query: sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>,
-    args: &[Value<'q>],
-) -> sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>
-where
-    DB: sqlx::Database,
-    &'q [u8]: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-{
-    for arg in args {
-        query = match *arg {
-            Value::Text(s) => query.bind(s),
-            Value::Int(i) => query.bind(i),
-            Value::Bytes(b) => query.bind(b),
-        };
-    }
-    query
-}
 
 /// Every column of `row` as a nullable `i64`.
 pub(crate) fn int_columns<R>(row: &R) -> Result<Vec<Option<i64>>, sqlx::Error>

@@ -8,6 +8,7 @@
 //! signatures, but this module is private, so nothing outside the crate can
 //! name them or implement the trait.
 
+mod bind;
 #[cfg(feature = "guards")]
 mod guards;
 mod record;
@@ -15,15 +16,15 @@ mod record;
 use std::future::Future;
 use std::time::Duration;
 
+pub(crate) use bind::{Value, bind_all};
 #[cfg(feature = "guards")]
-pub(crate) use guards::{bind_all, guard_statements, int_columns};
+pub(crate) use guards::{guard_statements, int_columns};
 pub(crate) use record::{
-    ClaimArgs, ClaimStep, Queries, RecordRow, bind_claim, has_code, record_row, shared_statements,
+    ClaimArgs, ClaimStep, Queries, RecordRow, has_code, record_row, run_migrations,
+    shared_statements,
 };
 
 use crate::OwnerToken;
-#[cfg(feature = "guards")]
-use crate::guards::Value;
 
 /// A database idem keeps records in and runs its guards on: PostgreSQL
 /// (`sqlx::Postgres`), MySQL or MariaDB (`sqlx::MySql`), SQLite

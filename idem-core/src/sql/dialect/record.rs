@@ -5,6 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use sqlx::AssertSqlSafe;
+
+use super::{Dialect, Value};
 use crate::{Claim, Error, ErrorKind, Fingerprint, Outcome, OwnerToken, Record};
 
 /// The statements of one store, rendered once for its table.
@@ -27,6 +30,20 @@ pub struct ClaimArgs<'a> {
     pub(crate) fingerprint: &'a Fingerprint,
     pub(crate) owner: &'a OwnerToken,
     pub(crate) lease_ms: i64,
+}
+
+impl<'a> ClaimArgs<'a> {
+    /// The claim's parameters, the same five in the same order everywhere:
+    /// key hash, key, owner, fingerprint, lease in ms.
+    pub(crate) fn values(&self) -> [Value<'a>; 5] {
+        [
+            Value::Bytes(self.key_hash),
+            Value::Text(self.key),
+            Value::Bytes(self.owner.as_bytes()),
+            Value::Bytes(self.fingerprint.as_bytes()),
+            Value::Int(self.lease_ms),
+        ]
+    }
 }
 
 /// What one claim statement found.
@@ -175,24 +192,46 @@ macro_rules! shared_statements {
 }
 pub(crate) use shared_statements;
 
-/// Binds a claim's parameters, the same five in the same order everywhere:
-/// key hash, key, owner, fingerprint, lease in ms.
-pub(crate) fn bind_claim<'q, DB>(
-    query: sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>,
-    args: &ClaimArgs<'q>,
-) -> sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>
+/// Brings a store's table up to the last of `migrations` on `conn`, which
+/// holds the database's migration lock: creates the version table
+/// (`{table}_schema`) with `create_versions`, reads the last version applied
+/// with `last_applied`, then runs each later migration and records it.
+pub(crate) async fn run_migrations<DB>(
+    conn: &mut DB::Connection,
+    table: &str,
+    migrations: &[(i64, &str)],
+    create_versions: String,
+    last_applied: String,
+) -> Result<(), sqlx::Error>
 where
-    DB: sqlx::Database,
-    &'q [u8]: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    DB: Dialect,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB> + sqlx::Decode<'q, DB>,
 {
-    query
-        .bind(&args.key_hash[..])
-        .bind(args.key)
-        .bind(&args.owner.as_bytes()[..])
-        .bind(&args.fingerprint.as_bytes()[..])
-        .bind(args.lease_ms)
+    sqlx::raw_sql(AssertSqlSafe(create_versions))
+        .execute(&mut *conn)
+        .await?;
+    let applied: Option<i64> = sqlx::query_scalar(AssertSqlSafe(last_applied))
+        .fetch_one(&mut *conn)
+        .await?;
+    for (version, sql) in migrations {
+        if applied.is_some_and(|a| a >= *version) {
+            continue;
+        }
+        sqlx::raw_sql(AssertSqlSafe(sql.replace("{table}", table)))
+            .execute(&mut *conn)
+            .await?;
+        sqlx::query(AssertSqlSafe(DB::insert_or_skip(
+            &format!("{table}_schema (version)"),
+            &DB::placeholder(1),
+        )))
+        .bind(version)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
 }
 
 /// Reads a [`RecordRow`] from a row with the columns of `Queries::select`.
