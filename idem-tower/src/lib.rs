@@ -165,6 +165,9 @@
 //!   (state-machine compare-and-set, counters, one-time tokens, the inbox,
 //!   a lock), on the SQL and Redis features enabled.
 //! - `test-util`: the store conformance suite.
+//! - `client`: the caller's half, `client::IdempotentClientLayer` for
+//!   tower HTTP clients: one `Idempotency-Key` per logical request, retried;
+//!   `reqwest`: the same as a reqwest-middleware middleware.
 //!
 //! [tower]: https://docs.rs/tower
 //! [axum]: https://docs.rs/axum
@@ -173,6 +176,8 @@
 #[cfg(feature = "axum")]
 mod axum;
 mod builder;
+#[cfg(feature = "client")]
+pub mod client;
 mod duplicated;
 mod idempotency;
 pub mod layer;

@@ -1,0 +1,145 @@
+//! The same policy as a reqwest-middleware [`Middleware`] (feature
+//! `reqwest`), for callers on reqwest rather than a tower client.
+
+use std::sync::Arc;
+
+use http::Extensions;
+use reqwest::{Request, Response};
+use reqwest_middleware::{Middleware, Next};
+use tracing::Instrument;
+
+use super::attempt::{Schedule, within};
+use super::delivery::{Delivery, Error, ErrorKind};
+use super::key::{self, KEY_HEADER, KeyKind, KeyOrigin};
+use super::policy::{Cause, RetryPolicy, Verdict};
+
+/// Sends each non-safe request with an `Idempotency-Key` (the caller's, or
+/// one made for it) and retries it, same key, same body, on transient
+/// failures ([`RetryPolicy`]). Every response carries a [`Delivery`]
+/// extension: `response.extensions().get::<Delivery>()`.
+///
+/// A request with a streaming body cannot be re-sent: it gets its key and
+/// one attempt.
+///
+/// ```
+/// use idem_tower::client::{IdempotentMiddleware, RetryPolicy};
+///
+/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+///     .with(IdempotentMiddleware::new(RetryPolicy::default()))
+///     .build();
+/// # let _ = client;
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct IdempotentMiddleware {
+    policy: Arc<RetryPolicy>,
+    kind: KeyKind,
+}
+
+impl IdempotentMiddleware {
+    /// A middleware retrying under `policy`, generating UUID v4 keys.
+    pub fn new(policy: RetryPolicy) -> Self {
+        Self {
+            policy: Arc::new(policy),
+            kind: KeyKind::default(),
+        }
+    }
+
+    /// The kind of key generated for a request that carries none.
+    pub fn key_kind(mut self, kind: KeyKind) -> Self {
+        self.kind = kind;
+        self
+    }
+}
+
+/// Why a failed attempt may be retried; `None` if it may not.
+fn transient(error: &reqwest_middleware::Error) -> Option<Cause> {
+    match error {
+        reqwest_middleware::Error::Reqwest(e) if e.is_timeout() => Some(Cause::Timeout),
+        reqwest_middleware::Error::Reqwest(e) if e.is_connect() || e.is_request() => {
+            Some(Cause::Connection)
+        }
+        _ => None,
+    }
+}
+
+#[async_trait::async_trait]
+impl Middleware for IdempotentMiddleware {
+    async fn handle(
+        &self,
+        mut request: Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        // Once per logical request, never per attempt.
+        let origin = key::ensure(&request.method().clone(), request.headers_mut(), self.kind);
+        let key = request
+            .headers()
+            .get(KEY_HEADER)
+            .cloned()
+            .filter(|_| origin != KeyOrigin::None);
+        let size = request
+            .body()
+            .and_then(reqwest::Body::as_bytes)
+            .map_or(0, <[u8]>::len);
+        if size > self.policy.max_body {
+            return Err(reqwest_middleware::Error::middleware(Error::new(
+                ErrorKind::BodyTooLarge,
+                0,
+                None,
+            )));
+        }
+
+        let mut schedule = Schedule::start(Arc::clone(&self.policy));
+        let mut original = Some(request);
+        loop {
+            // A copy while the body can be copied; else the request itself,
+            // for its one and last attempt.
+            let this = match original.as_ref().and_then(Request::try_clone) {
+                Some(copy) => copy,
+                None => original.take().expect("a request is left"),
+            };
+            let span = schedule.begin(this.method(), this.url().path());
+            let result = within(schedule.timeout(), next.clone().run(this, &mut *extensions))
+                .instrument(span.clone())
+                .await;
+            let attempts = schedule.attempts();
+
+            let (cause, retry_after, outcome) = match result {
+                Ok(Ok(mut response)) => {
+                    span.record("status", response.status().as_u16());
+                    let verdict = schedule
+                        .policy()
+                        .classify(response.status(), response.headers());
+                    let delivery = Delivery::new(attempts, response.headers(), key.clone(), origin);
+                    response.extensions_mut().insert(delivery);
+                    match verdict {
+                        Verdict::Final => return Ok(response),
+                        Verdict::Retry { cause, retry_after } => (cause, retry_after, Ok(response)),
+                    }
+                }
+                Ok(Err(error)) => match transient(&error) {
+                    Some(cause) => (cause, None, Err(error)),
+                    None => return Err(error),
+                },
+                Err(elapsed) => (
+                    Cause::Timeout,
+                    None,
+                    Err(reqwest_middleware::Error::middleware(Error::new(
+                        ErrorKind::Exhausted(Cause::Timeout),
+                        attempts,
+                        Some(Box::new(elapsed)),
+                    ))),
+                ),
+            };
+
+            if original.is_none() {
+                return outcome;
+            }
+            let Some(wait) = schedule.retry(&span, cause, retry_after) else {
+                return outcome;
+            };
+            drop(outcome);
+            tokio::time::sleep(wait).await;
+        }
+    }
+}

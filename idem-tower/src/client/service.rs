@@ -1,0 +1,198 @@
+//! `IdempotentClient`: one logical request, its key made once, its body
+//! buffered once, sent until an answer is final or the policy says stop.
+
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response};
+use http_body::Body;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use tower::Service;
+use tracing::Instrument;
+
+use super::attempt::{Schedule, within};
+use super::delivery::{Delivery, Error, ErrorKind};
+use super::key::{self, KEY_HEADER, KeyKind, KeyOrigin};
+use super::policy::{Cause, RetryPolicy, Verdict};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// An HTTP client service that sends each request with an
+/// `Idempotency-Key` (the caller's, or one made for it) and retries it,
+/// same key, same body, on transient failures ([`RetryPolicy`]).
+///
+/// The inner service takes `Request<Full<Bytes>>`: the body is buffered
+/// (up to `RetryPolicy::max_body`) so it can be re-sent. Every response
+/// carries a [`Delivery`] extension.
+#[derive(Debug, Clone)]
+pub struct IdempotentClient<S> {
+    inner: S,
+    policy: Arc<RetryPolicy>,
+    kind: KeyKind,
+}
+
+impl<S> IdempotentClient<S> {
+    pub(crate) fn new(inner: S, policy: Arc<RetryPolicy>, kind: KeyKind) -> Self {
+        Self {
+            inner,
+            policy,
+            kind,
+        }
+    }
+
+    /// The wrapped client.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S, B, RB> Service<Request<B>> for IdempotentClient<S>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<RB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+    RB: Send + 'static,
+{
+    type Response = Response<RB>;
+    type Error = Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<RB>, Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Each attempt waits for a clone of the inner service to be ready.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let inner = self.inner.clone();
+        let policy = Arc::clone(&self.policy);
+        Box::pin(deliver(inner, policy, self.kind, request))
+    }
+}
+
+/// What one attempt came to.
+enum Attempt<RB> {
+    Answered(Response<RB>),
+    Failed(Cause, Option<BoxError>),
+}
+
+async fn deliver<S, B, RB>(
+    inner: S,
+    policy: Arc<RetryPolicy>,
+    kind: KeyKind,
+    request: Request<B>,
+) -> Result<Response<RB>, Error>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<RB>> + Clone,
+    S::Error: Into<BoxError>,
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let (mut parts, body) = request.into_parts();
+    // Once per logical request, never per attempt.
+    let origin = key::ensure(&parts.method, &mut parts.headers, kind);
+    let key = parts
+        .headers
+        .get(KEY_HEADER)
+        .cloned()
+        .filter(|_| origin != KeyOrigin::None);
+    let body = buffer(body, policy.max_body).await?;
+    let mut schedule = Schedule::start(policy);
+
+    loop {
+        let mut request = Request::new(Full::new(body.clone()));
+        *request.method_mut() = parts.method.clone();
+        *request.uri_mut() = parts.uri.clone();
+        *request.version_mut() = parts.version;
+        *request.headers_mut() = parts.headers.clone();
+        *request.extensions_mut() = parts.extensions.clone();
+
+        let span = schedule.begin(&parts.method, parts.uri.path());
+        let attempt = send(inner.clone(), request, schedule.timeout())
+            .instrument(span.clone())
+            .await;
+        let attempts = schedule.attempts();
+
+        let (cause, retry_after, attempt) = match attempt {
+            Attempt::Answered(response) => {
+                span.record("status", response.status().as_u16());
+                match schedule
+                    .policy()
+                    .classify(response.status(), response.headers())
+                {
+                    Verdict::Final => return Ok(answer(response, attempts, key, origin)),
+                    Verdict::Retry { cause, retry_after } => {
+                        (cause, retry_after, Attempt::Answered(response))
+                    }
+                }
+            }
+            Attempt::Failed(cause, source) => (cause, None, Attempt::Failed(cause, source)),
+        };
+
+        let Some(wait) = schedule.retry(&span, cause, retry_after) else {
+            return match attempt {
+                Attempt::Answered(response) => Ok(answer(response, attempts, key, origin)),
+                Attempt::Failed(cause, source) => {
+                    Err(Error::new(ErrorKind::Exhausted(cause), attempts, source))
+                }
+            };
+        };
+        // The answer being retried is dropped (its connection closed or
+        // returned) before the wait.
+        drop(attempt);
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// The body, whole, or why it cannot be re-sent.
+async fn buffer<B>(body: B, max: usize) -> Result<Bytes, Error>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    match Limited::new(body, max).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<LengthLimitError>() => {
+            Err(Error::new(ErrorKind::BodyTooLarge, 0, Some(e)))
+        }
+        Err(e) => Err(Error::new(ErrorKind::Body, 0, Some(e))),
+    }
+}
+
+async fn send<S, RB>(
+    mut inner: S,
+    request: Request<Full<Bytes>>,
+    timeout: Option<Duration>,
+) -> Attempt<RB>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<RB>>,
+    S::Error: Into<BoxError>,
+{
+    let call = async move {
+        poll_fn(|cx| inner.poll_ready(cx)).await?;
+        inner.call(request).await
+    };
+    match within(timeout, call).await {
+        Ok(Ok(response)) => Attempt::Answered(response),
+        Ok(Err(e)) => Attempt::Failed(Cause::Connection, Some(e.into())),
+        Err(elapsed) => Attempt::Failed(Cause::Timeout, Some(Box::new(elapsed))),
+    }
+}
+
+/// The final answer, with how it was obtained in its extensions.
+fn answer<RB>(
+    mut response: Response<RB>,
+    attempts: u32,
+    key: Option<HeaderValue>,
+    origin: KeyOrigin,
+) -> Response<RB> {
+    let delivery = Delivery::new(attempts, response.headers(), key, origin);
+    response.extensions_mut().insert(delivery);
+    response
+}
