@@ -9,6 +9,7 @@
 
 mod backend;
 mod call;
+pub mod fault_proxy;
 mod harness;
 pub mod pg_stats;
 pub mod prometheus;
