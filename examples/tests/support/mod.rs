@@ -41,16 +41,31 @@ impl Orders {
         let stderr = child.stderr.take().expect("piped stderr");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
-            // Keep reading so the child never blocks on a full pipe.
+            // Keep reading so the child never blocks on a full pipe; until
+            // it listens, pass on what it says, for the failure message.
+            let mut listening = false;
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(addr) = line.strip_prefix("orders listening on ") {
-                    let _ = tx.send(addr.to_owned());
+                if !listening {
+                    listening = line.starts_with("orders listening on ");
+                    let _ = tx.send(line);
                 }
             }
         });
-        let base = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("orders printed where it listens");
+        let mut said = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let base = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) => match line.strip_prefix("orders listening on ") {
+                    Some(addr) => break addr.to_owned(),
+                    None => said.push(line),
+                },
+                Err(err) => panic!(
+                    "orders did not say where it listens ({err}); it said:\n{}",
+                    said.join("\n")
+                ),
+            }
+        };
         Self { child, base }
     }
 

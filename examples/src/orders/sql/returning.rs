@@ -80,7 +80,11 @@ macro_rules! returning_dialect {
     };
 }
 
+/// Run as one simple query, so in one implicit transaction: the advisory
+/// lock keeps processes that start together from racing in the catalog
+/// (concurrent `CREATE TABLE IF NOT EXISTS` can collide in `pg_type`).
 const POSTGRES_SCHEMA: &str = "
+SELECT pg_advisory_xact_lock(hashtext('idem-orders-schema'));
 CREATE TABLE IF NOT EXISTS orders_balances (
     tenant TEXT NOT NULL, user_id TEXT NOT NULL, balance_cents BIGINT NOT NULL,
     PRIMARY KEY (tenant, user_id));
