@@ -1,10 +1,11 @@
 //! The client half against the orders app over loopback HTTP: hyper-util's
 //! legacy client behind `IdempotentClientLayer`, answers lost on the way
-//! back and attempts failed by `X-Chaos-Fail: 503`, one order per
-//! operation.
+//! back, a client timeout shorter than the handler, and attempts failed by
+//! `X-Chaos-Fail: 503`, one order per operation; the retries' metric and
+//! the attempts' spans.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -14,10 +15,16 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idem_examples::orders::{App, STARTING_BALANCE_CENTS};
-use idem_tests::{Harness, Transport};
+use idem_tests::{Harness, Transport, prometheus};
 use idem_tower::client::{Delivery, IdempotentClientLayer, RetryPolicy};
+use metrics_exporter_prometheus::PrometheusBuilder;
 use serde_json::{Value, json};
 use tower::{ServiceBuilder, ServiceExt, service_fn};
+use tracing::Subscriber;
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+use tracing_subscriber::registry::{LookupSpan, Registry};
 
 const PRICE: i64 = 1999;
 
@@ -108,6 +115,37 @@ async fn lost_answer_is_replayed_on_retry_with_one_order() {
     assert_eq!(h.app.calls.orders(), 1, "the handler ran once");
 }
 
+/// The client gives up on an attempt before the server answers (its
+/// timeout is shorter than `X-Chaos-Delay-Ms`, a sleep after the order's
+/// writes): the server must not run the order a second time for the retry.
+/// The abandoned attempt finishes on the server, the retries meet it in
+/// flight (409), then get its replay: one order, one debit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_timeout_shorter_than_the_handler_gets_the_replay_with_one_order() {
+    let (h, base) = start().await;
+    let client = ServiceBuilder::new()
+        .layer(IdempotentClientLayer::new(
+            policy().attempt_timeout(Duration::from_millis(150)),
+        ))
+        .service(http());
+    let request = order(&h, &base, "dave")
+        .header("x-chaos-delay-ms", "600")
+        .body(body(PRICE))
+        .unwrap();
+    let response = client.oneshot(request).await.expect("an answer");
+    let delivery = response.extensions().get::<Delivery>().cloned().unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED, "{delivery:?}");
+    assert!(delivery.attempts >= 2, "{delivery:?}");
+    assert!(delivery.replayed, "{delivery:?}");
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    assert!(!json_of(&bytes)["order_id"].is_null());
+    assert_eq!(
+        h.account("acme", "dave").await,
+        (1, STARTING_BALANCE_CENTS - PRICE)
+    );
+    assert_eq!(h.app.calls.orders(), 1, "the handler ran once");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_503_on_first_attempts_then_success_makes_one_order() {
     let (h, base) = start().await;
@@ -182,4 +220,119 @@ async fn same_key_with_a_different_body_is_422_at_once() {
         h.account("acme", "carol").await,
         (1, STARTING_BALANCE_CENTS - PRICE)
     );
+}
+
+/// Each retry is counted under its cause in `idem_client_retries_total`, and
+/// each attempt runs in an `idem.client.attempt` span with its number and
+/// the status it got. (A current-thread runtime: the recorder and the
+/// subscriber are this thread's own, so other tests cannot add to them.)
+#[tokio::test(flavor = "current_thread")]
+async fn retries_are_counted_by_cause_and_each_attempt_has_its_span() {
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let scrape = recorder.handle();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let spans = AttemptSpans::default();
+    let _subscriber = tracing::subscriber::set_default(Registry::default().with(spans.clone()));
+
+    let (h, base) = start().await;
+    let sent = Arc::new(AtomicU32::new(0));
+    let inner = {
+        let (http, sent) = (http(), sent.clone());
+        service_fn(move |mut request: Request<Full<Bytes>>| {
+            if sent.fetch_add(1, Ordering::SeqCst) < 2 {
+                request
+                    .headers_mut()
+                    .insert("x-chaos-fail", http::HeaderValue::from_static("503"));
+            }
+            http.request(request)
+        })
+    };
+    let client = ServiceBuilder::new()
+        .layer(IdempotentClientLayer::new(policy()))
+        .service(inner);
+    let request = order(&h, &base, "erin").body(body(PRICE)).unwrap();
+    let response = client.oneshot(request).await.expect("an answer");
+    assert_eq!(response.status(), StatusCode::CREATED);
+
+    let text = scrape.render();
+    assert_eq!(
+        prometheus::metric(
+            &text,
+            "idem_client_retries_total",
+            &[("cause", "unavailable")]
+        ),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(
+        prometheus::metric(&text, "idem_client_retries_total", &[]),
+        Some(2.0),
+        "no retry under another cause: {text}"
+    );
+    assert_eq!(
+        spans.seen(),
+        [(1, Some(503)), (2, Some(503)), (3, Some(201))],
+        "one span per attempt, with its number and status"
+    );
+}
+
+/// One `idem.client.attempt` span: its attempt number and the status it got.
+type AttemptSpan = (u64, Option<u64>);
+
+/// The `idem.client.attempt` spans seen, in order.
+#[derive(Clone, Default)]
+struct AttemptSpans(Arc<Mutex<Vec<AttemptSpan>>>);
+
+impl AttemptSpans {
+    fn seen(&self) -> Vec<AttemptSpan> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// Where in [`AttemptSpans`] a span's fields go.
+struct Slot(usize);
+
+/// The two fields the test reads.
+#[derive(Default)]
+struct Fields {
+    attempt: Option<u64>,
+    status: Option<u64>,
+}
+
+impl Visit for Fields {
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        match field.name() {
+            "attempt" => self.attempt = Some(value),
+            "status" => self.status = Some(value),
+            _ => {}
+        }
+    }
+
+    fn record_debug(&mut self, _: &Field, _: &dyn std::fmt::Debug) {}
+}
+
+impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for AttemptSpans {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        if attrs.metadata().name() != "idem.client.attempt" {
+            return;
+        }
+        let mut fields = Fields::default();
+        attrs.record(&mut fields);
+        let mut seen = self.0.lock().unwrap();
+        seen.push((fields.attempt.expect("an attempt number"), fields.status));
+        let span = ctx.span(id).expect("the new span");
+        span.extensions_mut().insert(Slot(seen.len() - 1));
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        let span = ctx.span(id).expect("a live span");
+        let Some(Slot(slot)) = span.extensions().get::<Slot>().map(|s| Slot(s.0)) else {
+            return;
+        };
+        let mut fields = Fields::default();
+        values.record(&mut fields);
+        if let Some(status) = fields.status {
+            self.0.lock().unwrap()[slot].1 = Some(status);
+        }
+    }
 }

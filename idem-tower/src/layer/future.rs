@@ -10,10 +10,11 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// The response future of [`IdempotencyService`](super::IdempotencyService).
 ///
 /// Its work (buffer, claim, call, store) takes several awaits on the store,
-/// so it is one boxed future. Dropped before the service has answered (a
-/// client that disconnected), it releases the claim, so a retry may run at
-/// once; dropped after, the answer is still stored, on a task of its own:
-/// the service's effect has happened and must be replayed, not repeated.
+/// so it is one boxed future. Dropped before the key is claimed (a client
+/// that disconnected), it simply ends; dropped after, the attempt goes on
+/// to its end on a task of its own (the service runs to completion, its
+/// outcome is stored or its key released): an effect that has started must
+/// be replayed or cleanly let go, never cut in half and repeated.
 pub struct ResponseFuture<T> {
     inner: BoxFuture<T>,
 }

@@ -6,9 +6,9 @@ use idem_core::store::DynStore;
 use idem_core::{ErrorKind, IdempotencyKey, OwnerToken};
 
 /// Owns a claim until it is completed or released. Dropped while still armed
-/// (the request future was cancelled, say by a client disconnect, or a panic
-/// unwound through it), it releases the claim on a spawned task, so the key
-/// is free for a retry at once instead of when the lease runs out.
+/// (a panic unwound through it, or its attempt was dropped unfinished, as
+/// when the runtime shuts down), it releases the claim on a spawned task, so the key is
+/// free for a retry at once instead of when the lease runs out.
 pub(crate) struct ClaimGuard {
     store: Arc<dyn DynStore>,
     key: IdempotencyKey,

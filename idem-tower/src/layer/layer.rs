@@ -207,9 +207,11 @@ impl IdempotencyLayer {
 impl IdempotencyLayer {
     /// Transactional mode: the claim row, the handler's writes (through the
     /// `Tx` extractor) and the stored response commit in one database
-    /// transaction. A response the outcome policy does not keep, an error, a
-    /// panic or a cancelled request rolls all of it back, and so does a
-    /// crash: there is never a partial effect, and never a second one.
+    /// transaction. A response the outcome policy does not keep, an error or
+    /// a panic rolls all of it back, and so does a crash: there is never a
+    /// partial effect, and never a second one. A client that disconnects
+    /// does not cancel the handler: it runs to its end, and commits or rolls
+    /// back as if the client had waited.
     ///
     /// A duplicate that arrives while the first transaction is open learns
     /// it at once, without waiting on the first's row (see the crate docs,

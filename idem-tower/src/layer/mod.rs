@@ -18,8 +18,12 @@
 //! with a [`Problem`](crate::Problem) type of its own.
 //!
 //! A claim whose service fails (5xx or another non-final status), returns
-//! an error, panics, or whose request future is dropped (client disconnect)
-//! is released, so the client can retry with the same key at once.
+//! an error or panics is released, so the client can retry with the same key
+//! at once. A client that disconnects does not cancel a service that has
+//! started: it runs to its end on a task of its own, and its outcome is
+//! settled as if the client were still there, so the retry gets the replay
+//! instead of making a half-made effect a second time. Bound a handler that
+//! may hang with a timeout *inside* the layer (its error releases the key).
 //!
 //! # Example
 //!

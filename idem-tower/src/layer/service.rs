@@ -11,6 +11,7 @@ use idem_core::BoxError;
 use tower::Service;
 use tracing::Instrument;
 
+use super::claim::Claimed;
 use super::layer::Settings;
 use super::{ResponseFuture, claim, key, read, settle};
 use crate::layer::ResponseBody;
@@ -65,7 +66,8 @@ where
 
 /// One request through the layer: read the request, resolve its caller and
 /// key, claim the key, call the service, settle its outcome (ARCHITECTURE.md,
-/// "Bird's-eye view"). A step that answers the request itself ends the path
+/// "Bird's-eye view"). Once the key is claimed, the rest cannot be cancelled
+/// (ARCHITECTURE.md, "Records"). A step that answers the request itself ends the path
 /// there, with the layer's own [`Answer`](super::answer::Answer).
 async fn through<S, ReqBody, ResBody>(
     settings: Settings,
@@ -73,8 +75,10 @@ async fn through<S, ReqBody, ResBody>(
     request: Request<ReqBody>,
 ) -> Reply<ResBody, S::Error>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ReqBody: Body + From<Bytes>,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send,
+    S::Error: Send,
+    ReqBody: Body + From<Bytes> + Send + 'static,
     ReqBody::Error: Into<BoxError>,
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Send,
@@ -113,24 +117,44 @@ where
     };
 
     // Claim it: the key is ours, or a duplicate is answered.
-    let mut claimed = match claim::claim(&settings, target, &label).await {
+    let claimed = match claim::claim(&settings, target, &label).await {
         Ok(claimed) => claimed,
         Err(answer) => return Ok(answer.respond(&settings, &label)),
     };
 
-    // Call the service, holding the claim meanwhile.
+    // Call the service and settle its outcome, detached from the client: a
+    // handler that has started runs to its end even if the client goes
+    // (its effect may be half made), and its outcome is settled either way.
+    settle::detached(call_and_settle(
+        settings, claimed, inner, parts, body, label,
+    ))
+    .await
+}
+
+/// Calls the service while the claim is held, then keeps a final outcome or
+/// lets the key go for a retry.
+async fn call_and_settle<S, ReqBody, ResBody>(
+    settings: Settings,
+    mut claimed: Claimed,
+    mut inner: S,
+    mut parts: http::request::Parts,
+    body: Bytes,
+    label: String,
+) -> Reply<ResBody, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ReqBody: Body + From<Bytes>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Send,
+{
     claimed.lend(&mut parts.extensions);
     let request = Request::from_parts(parts, ReqBody::from(body));
     let call = async { inner.call(request).await };
     let called = AssertUnwindSafe(claimed.hold(call, &label))
         .catch_unwind()
         .await;
-
-    // Settle: keep a final outcome, or let the key go for a retry.
     match called {
-        Ok(Ok(response)) => {
-            Ok(settle::detached(settle::settle(settings, claimed, response, label)).await)
-        }
+        Ok(Ok(response)) => Ok(settle::settle(settings, claimed, response, label).await),
         Ok(Err(err)) => {
             metrics::request(Handled::Released, &label);
             claimed.abort("service error").await;

@@ -1,7 +1,7 @@
 //! Settling a claim once the service has answered: the response sorted by
 //! the outcome policy, a final one buffered and kept, anything else letting
-//! the key go; finished even if the client has gone (ARCHITECTURE.md,
-//! "Records").
+//! the key go; and the whole attempt, from the claim on, finished even if the
+//! client has gone (ARCHITECTURE.md, "Records").
 
 use std::future::Future;
 use std::pin::Pin;
@@ -58,20 +58,18 @@ where
     }
 }
 
-/// Runs the settling in place, and makes sure a client that disconnects now
-/// cannot cancel it: the handler's effect happened, and its outcome must be
-/// stored (or committed) whether or not anyone is still listening.
-/// Otherwise the claim would be let go and a retry would run the effect
-/// again. If the request future is dropped before the work is done, the
+/// Runs `work` in place, and makes sure a client that disconnects now cannot
+/// cancel it. The layer detaches the whole attempt from the moment its key
+/// is claimed: a handler that has started may have made part of its effect,
+/// and cancelling it would leave that part made while the key went free for
+/// a retry that makes it again; its outcome must be settled (stored,
+/// committed, or released if not final) whether or not anyone is still
+/// listening. If the request future is dropped before the work is done, the
 /// work moves to a task of its own and finishes there (see [`Settling`]).
-pub(super) async fn detached<B>(
-    settling: impl Future<Output = Response<ResponseBody<B>>> + Send + 'static,
-) -> Response<ResponseBody<B>>
-where
-    B: Body + Send + 'static,
-    B::Error: Send,
-{
-    Settling(Some(Box::pin(settling.in_current_span()))).await
+pub(super) async fn detached<T: Send + 'static>(
+    work: impl Future<Output = T> + Send + 'static,
+) -> T {
+    Settling(Some(Box::pin(work.in_current_span()))).await
 }
 
 /// Work that must finish once started: polled in place (no task to spawn on
@@ -103,7 +101,7 @@ impl<F: Future<Output: Send> + Send + 'static> Drop for Settling<F> {
         };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                tracing::debug!("request dropped while storing its outcome; finishing on a task");
+                tracing::debug!("request dropped mid-attempt; finishing it on a task");
                 runtime.spawn(async move {
                     settling.await;
                 });
@@ -111,7 +109,7 @@ impl<F: Future<Output: Send> + Send + 'static> Drop for Settling<F> {
             // Dropping it here releases the claim through its guard, or rolls
             // the transaction back: the retry then runs the effect again.
             Err(_) => tracing::error!(
-                "no tokio runtime to finish storing an outcome; the request's claim is abandoned"
+                "no tokio runtime to finish an attempt whose client is gone; its claim is abandoned"
             ),
         }
     }

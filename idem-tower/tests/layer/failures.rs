@@ -1,7 +1,7 @@
-//! When the attempt fails: the handler's 5xx, 429 and 409, service errors,
-//! panics and cancelled requests release the key for a retry, deterministic
-//! 4xx are kept, an attempt whose handler returned is settled even if its
-//! client is gone (ARCHITECTURE.md, "Records"); a store that is down fails
+//! When the attempt fails: the handler's 5xx, 429 and 409, service errors
+//! and panics release the key for a retry, deterministic 4xx are kept, an
+//! attempt whose handler started runs and is settled even if its client is
+//! gone (ARCHITECTURE.md, "Records"); a store that is down fails
 //! closed with 503, one that cannot complete blocks duplicates.
 
 use std::convert::Infallible;
@@ -156,34 +156,86 @@ async fn panicking_handler_propagates_the_panic_and_releases_the_key() {
     assert_eq!(calls.get(), 2);
 }
 
+/// A client that gives up while the handler runs does not cancel it: the
+/// handler's effect may be half made, and a retry must not make it again.
+/// The handler runs to its end on a task of its own, its outcome is stored,
+/// and the retry gets 409 while it runs, then the replay (ARCHITECTURE.md,
+/// "Records").
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn cancelled_request_releases_the_key_promptly() {
+async fn a_client_gone_mid_handler_does_not_cancel_it_and_the_retry_gets_the_replay() {
     let calls = Calls::default();
-    let inner = counting(&calls, |n, _| async move {
-        if n == 1 {
-            tokio::time::sleep(Duration::from_secs(30)).await;
+    let effects = Calls::default();
+    let inner = counting(&calls, {
+        let effects = effects.clone();
+        move |n, _| {
+            let effects = effects.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                effects.run();
+                created(n)
+            }
         }
-        created(n)
     });
-    // The lease is the default minute: only the release frees the key soon.
     let service = Idempotency::new(MemoryStore::new()).layer().layer(inner);
-    let request = || post("/orders", Some("k-cancel"), ORDER);
+    let request = || post("/orders", Some("k-gone"), ORDER);
 
-    let cancelled =
-        tokio::time::timeout(Duration::from_millis(200), send(&service, request())).await;
-    assert!(cancelled.is_err(), "the first request was cut off");
+    let cut_off = tokio::time::timeout(Duration::from_millis(100), send(&service, request())).await;
+    assert!(cut_off.is_err(), "the first request was cut off");
     assert_eq!(calls.get(), 1);
 
-    let dropped_at = Instant::now();
+    let while_running = send(&service, request()).await;
+    while_running.assert_problem(StatusCode::CONFLICT, "in-flight");
+
+    let gave_up_at = Instant::now();
     let retry = loop {
         let reply = send(&service, request()).await;
         if reply.status != StatusCode::CONFLICT {
             break reply;
         }
-        reply.assert_problem(StatusCode::CONFLICT, "in-flight");
         assert!(
-            dropped_at.elapsed() < Duration::from_secs(1),
-            "the key was not released within a second"
+            gave_up_at.elapsed() < Duration::from_secs(5),
+            "the abandoned attempt never settled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(retry.replayed(), "{retry:?}");
+    assert_eq!(retry.text(), order_body(1));
+    assert_eq!(calls.get(), 1, "the retry ran the handler again");
+    assert_eq!(effects.get(), 1, "the abandoned handler did not finish");
+}
+
+/// The abandoned handler's outcome is settled like any other: a non-final
+/// one (here a 503 after the client left) releases the key at once, and the
+/// retry runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_gone_mid_handler_whose_outcome_is_not_final_frees_the_key_at_its_end() {
+    let calls = Calls::default();
+    let inner = counting(&calls, |n, _| async move {
+        if n == 1 {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            return json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                r#"{"error":"busy"}"#.into(),
+            );
+        }
+        created(n)
+    });
+    // The lease is the default: only the release frees the key this soon.
+    let service = Idempotency::new(MemoryStore::new()).layer().layer(inner);
+    let request = || post("/orders", Some("k-gone-503"), ORDER);
+
+    let cut_off = tokio::time::timeout(Duration::from_millis(100), send(&service, request())).await;
+    assert!(cut_off.is_err(), "the first request was cut off");
+
+    let gave_up_at = Instant::now();
+    let retry = loop {
+        let reply = send(&service, request()).await;
+        if reply.status != StatusCode::CONFLICT {
+            break reply;
+        }
+        assert!(
+            gave_up_at.elapsed() < Duration::from_secs(2),
+            "the key was not released when the abandoned handler answered 503"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
