@@ -14,6 +14,7 @@
 //! | [`SqlTokens`] / [`RedisTokens`] | "has this form been submitted already?" | one-time tokens handed out with a form, consumed atomically on submit |
 //! | [`Inbox`] (SQL) | "has this message (or this business event) been processed?" | idempotent consumers of at-least-once queues |
 //! | [`RedisLock`] | "is someone else doing this *right now*?" | rare work that must be serialised; **not** a dedup |
+//! | [`Outbox`] + [`Relay`] (SQL) | "will this event leave if and only if my writes commit?" | events a service publishes after writing: enqueued in the writes' transaction, relayed at least once |
 //!
 //! Each guard is one atomic statement (or one Lua script), never a
 //! check-then-write: the check is the write's own `WHERE`, unique index or
@@ -94,6 +95,8 @@ mod inbox;
 #[cfg(feature = "redis")]
 mod lock;
 #[cfg(feature = "sql")]
+mod outbox;
+#[cfg(feature = "sql")]
 mod sql;
 mod token;
 #[cfg(feature = "sql")]
@@ -114,6 +117,17 @@ pub use inbox::{DEFAULT_INBOX_TABLE, Delivery, DuplicateOf, Inbox, ProcessError,
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use lock::{KeepAlive, LockGuard, RedisLock};
+#[cfg(feature = "sql")]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
+)]
+pub use outbox::{
+    DEFAULT_OUTBOX_TABLE, Enqueued, Event, Outbox, Pass, PendingEvent, Publisher, Relay,
+};
+#[cfg(all(feature = "sql", feature = "nats"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+pub use outbox::{EVENT_KEY_HEADER, JetStreamPublisher};
 #[cfg(feature = "sql")]
 #[cfg_attr(
     docsrs,

@@ -113,9 +113,9 @@ use std::time::Duration;
 
 pub use builder::SqlStoreBuilder;
 pub use dialect::Dialect;
-#[cfg(feature = "guards")]
-pub(crate) use dialect::Value;
 use dialect::{ClaimArgs, ClaimStep, Queries};
+#[cfg(feature = "guards")]
+pub(crate) use dialect::{EventRow, Value};
 use open::OpenClaims;
 pub use slot::{TxLease, TxSlot};
 /// The sqlx crate this store is built on, so your pool is the very type the

@@ -12,7 +12,7 @@ use super::dialect::{
     run_migrations, sealed, shared_statements,
 };
 #[cfg(feature = "guards")]
-use super::dialect::{Value, guard_statements, int_columns};
+use super::dialect::{EventRow, Value, event_row, guard_statements, int_columns};
 use crate::OwnerToken;
 
 const MIGRATIONS: &[(i64, &str)] = &[(
@@ -196,6 +196,14 @@ impl Dialect for Postgres {
     fn handle(slot: super::TxSlot<Self>) -> crate::store::TxHandle {
         crate::store::TxHandle::Postgres(slot)
     }
+
+    #[cfg(feature = "guards")]
+    #[cfg(feature = "guards")]
+    const BLOB: &'static str = "BYTEA";
+    #[cfg(feature = "guards")]
+    const SERIAL_KEY: &'static str = "BIGSERIAL PRIMARY KEY";
+    #[cfg(feature = "guards")]
+    const SKIP_LOCKED: Option<&'static str> = Some(" FOR UPDATE SKIP LOCKED");
 
     #[cfg(feature = "guards")]
     guard_statements!(PgConnection);

@@ -14,7 +14,7 @@ use super::dialect::{
     run_migrations, sealed, shared_statements,
 };
 #[cfg(feature = "guards")]
-use super::dialect::{Value, guard_statements, int_columns};
+use super::dialect::{EventRow, Value, event_row, guard_statements, int_columns};
 use crate::OwnerToken;
 
 const MIGRATIONS: &[(i64, &str)] = &[(
@@ -165,6 +165,14 @@ impl Dialect for Sqlite {
     fn handle(slot: super::TxSlot<Self>) -> crate::store::TxHandle {
         crate::store::TxHandle::Sqlite(slot)
     }
+
+    #[cfg(feature = "guards")]
+    #[cfg(feature = "guards")]
+    const BLOB: &'static str = "BLOB";
+    #[cfg(feature = "guards")]
+    const SERIAL_KEY: &'static str = "INTEGER PRIMARY KEY AUTOINCREMENT";
+    #[cfg(feature = "guards")]
+    const SKIP_LOCKED: Option<&'static str> = None;
 
     #[cfg(feature = "guards")]
     guard_statements!(SqliteConnection);

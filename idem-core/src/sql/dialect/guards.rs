@@ -27,6 +27,20 @@ macro_rules! guard_statements {
             }
         }
 
+        async fn fetch_events(
+            conn: &mut $conn,
+            sql: String,
+            args: &[Value<'_>],
+        ) -> Result<Vec<EventRow>, sqlx::Error> {
+            let query = bind_all(sqlx::query(AssertSqlSafe(sql)), args);
+            query
+                .fetch_all(&mut *conn)
+                .await?
+                .iter()
+                .map(event_row)
+                .collect()
+        }
+
         async fn fetch_ints(
             conn: &mut $conn,
             sql: String,
@@ -73,4 +87,39 @@ where
     usize: sqlx::ColumnIndex<R>,
 {
     (0..row.len()).map(|i| row.try_get(i)).collect()
+}
+
+/// An outbox row as the relay reads it: `seq, event_id, topic, event_key,
+/// payload, headers, attempts`.
+#[doc(hidden)]
+#[derive(Debug)]
+#[allow(unreachable_pub)] // sealed: named only inside the crate
+pub struct EventRow {
+    pub seq: i64,
+    pub id: String,
+    pub topic: String,
+    pub key: String,
+    pub payload: Vec<u8>,
+    pub headers: String,
+    pub attempts: i64,
+}
+
+/// Reads `row` as an [`EventRow`], its columns in that order.
+pub(crate) fn event_row<R>(row: &R) -> Result<EventRow, sqlx::Error>
+where
+    R: sqlx::Row,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    usize: sqlx::ColumnIndex<R>,
+{
+    Ok(EventRow {
+        seq: row.try_get(0)?,
+        id: row.try_get(1)?,
+        topic: row.try_get(2)?,
+        key: row.try_get(3)?,
+        payload: row.try_get(4)?,
+        headers: row.try_get(5)?,
+        attempts: row.try_get(6)?,
+    })
 }

@@ -18,7 +18,10 @@ use std::time::Duration;
 
 pub(crate) use bind::{Value, bind_all};
 #[cfg(feature = "guards")]
-pub(crate) use guards::{guard_statements, int_columns};
+#[allow(unreachable_pub)] // sealed: named only inside the crate
+pub use guards::EventRow;
+#[cfg(feature = "guards")]
+pub(crate) use guards::{event_row, guard_statements, int_columns};
 pub(crate) use record::{
     ClaimArgs, ClaimStep, Queries, RecordRow, has_code, record_row, run_migrations,
     shared_statements,
@@ -206,6 +209,24 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
 
     // ----- the guards -----
 
+    /// The type of a column of bytes of any length.
+    #[cfg(feature = "guards")]
+    #[doc(hidden)]
+    const BLOB: &'static str;
+
+    /// A 64-bit integer primary key column the database numbers itself, in
+    /// insertion order.
+    #[cfg(feature = "guards")]
+    #[doc(hidden)]
+    const SERIAL_KEY: &'static str;
+
+    /// What a read appends to lock the rows it reads, skipping those another
+    /// transaction holds; `None` where there are no row locks (SQLite, whose
+    /// writer holds the whole database).
+    #[cfg(feature = "guards")]
+    #[doc(hidden)]
+    const SKIP_LOCKED: Option<&'static str>;
+
     /// Runs a guard's statement; the number of rows it affected.
     #[cfg(feature = "guards")]
     #[doc(hidden)]
@@ -223,6 +244,15 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
         sql: String,
         args: &[Value<'_>],
     ) -> impl Future<Output = Result<Option<String>, sqlx::Error>> + Send;
+
+    /// Every row, read as outbox events.
+    #[cfg(feature = "guards")]
+    #[doc(hidden)]
+    fn fetch_events(
+        conn: &mut Self::Connection,
+        sql: String,
+        args: &[Value<'_>],
+    ) -> impl Future<Output = Result<Vec<EventRow>, sqlx::Error>> + Send;
 
     /// Every column of the first row, as nullable 64-bit integers.
     #[cfg(feature = "guards")]
