@@ -20,62 +20,17 @@ use std::time::Duration;
 
 use idem_core::ErrorKind;
 use idem_core::conformance::sql::TestSql;
-use idem_core::conformance::{mysql_url, postgres_url, redis_url, server_missing};
+use idem_core::conformance::{redis_url, server_missing};
 use idem_core::guards::redis::aio::ConnectionManager;
 use idem_core::guards::{
     Counter, CounterUpdate, Delivery, DuplicateOf, GuardDb, Inbox, LifecycleState, ProcessError,
     Processed, RedisLock, RedisTokens, SqlTokens, StateMachine, TokenUse, Transition,
 };
-use idem_core::sql::sqlx::{self, Pool};
+use idem_core::sql::sqlx::Pool;
 use tokio::sync::Barrier;
 
-fn nonce() -> String {
-    format!("{:016x}", rand::random::<u64>())
-}
-
-async fn postgres() -> Option<Pool<sqlx::Postgres>> {
-    let url = postgres_url();
-    match sqlx::postgres::PgPoolOptions::new()
-        .max_connections(16)
-        .acquire_timeout(Duration::from_secs(60))
-        .connect(&url)
-        .await
-    {
-        Ok(pool) => Some(pool),
-        Err(err) => server_missing("PostgreSQL", &url, err),
-    }
-}
-
-async fn mysql() -> Option<Pool<sqlx::MySql>> {
-    let url = mysql_url();
-    match sqlx::mysql::MySqlPoolOptions::new()
-        .max_connections(16)
-        .acquire_timeout(Duration::from_secs(60))
-        .connect(&url)
-        .await
-    {
-        Ok(pool) => Some(pool),
-        Err(err) => server_missing("MySQL/MariaDB", &url, err),
-    }
-}
-
-async fn sqlite() -> Option<Pool<sqlx::Sqlite>> {
-    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-    let path = std::env::temp_dir().join(format!("idem-guards-{}.db", nonce()));
-    let options = SqliteConnectOptions::new()
-        .filename(&path)
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .busy_timeout(Duration::from_secs(30));
-    Some(
-        SqlitePoolOptions::new()
-            .max_connections(8)
-            .acquire_timeout(Duration::from_secs(60))
-            .connect_with(options)
-            .await
-            .expect("a SQLite file in the temp directory"),
-    )
-}
+mod support;
+use support::{Table, mysql, nonce, postgres, sqlite};
 
 async fn redis() -> Option<ConnectionManager> {
     let url = redis_url();
@@ -86,35 +41,6 @@ async fn redis() -> Option<ConnectionManager> {
     match ConnectionManager::new(client).await {
         Ok(conn) => Some(conn),
         Err(err) => server_missing("Redis", &url, err),
-    }
-}
-
-/// A table of the test's own, dropped when the case ends (if it ends well).
-struct Table<DB: TestSql> {
-    pool: Pool<DB>,
-    name: String,
-}
-
-impl<DB: TestSql> Table<DB> {
-    async fn create(pool: &Pool<DB>, prefix: &str, columns: &str) -> Self {
-        let name = format!("{prefix}_{}", nonce());
-        DB::exec(pool, format!("CREATE TABLE {name} ({columns})")).await;
-        Self {
-            pool: pool.clone(),
-            name,
-        }
-    }
-
-    async fn count(&self, condition: &str) -> i64 {
-        DB::count(
-            &self.pool,
-            format!("SELECT COUNT(*) FROM {} WHERE {condition}", self.name),
-        )
-        .await
-    }
-
-    async fn drop_table(self) {
-        DB::exec(&self.pool, format!("DROP TABLE {}", self.name)).await;
     }
 }
 

@@ -206,6 +206,9 @@ impl Dialect for MySql {
     #[cfg(feature = "guards")]
     const SERIAL_KEY: &'static str = "BIGINT AUTO_INCREMENT PRIMARY KEY";
     #[cfg(feature = "guards")]
+    const NEXT_TRANSACTION_READ_COMMITTED: Option<&'static str> =
+        Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED");
+    #[cfg(feature = "guards")]
     const SKIP_LOCKED: Option<&'static str> = Some(" FOR UPDATE SKIP LOCKED");
 
     #[cfg(feature = "guards")]

@@ -203,6 +203,8 @@ impl Dialect for Postgres {
     #[cfg(feature = "guards")]
     const SERIAL_KEY: &'static str = "BIGSERIAL PRIMARY KEY";
     #[cfg(feature = "guards")]
+    const NEXT_TRANSACTION_READ_COMMITTED: Option<&'static str> = None;
+    #[cfg(feature = "guards")]
     const SKIP_LOCKED: Option<&'static str> = Some(" FOR UPDATE SKIP LOCKED");
 
     #[cfg(feature = "guards")]

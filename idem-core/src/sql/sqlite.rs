@@ -172,6 +172,8 @@ impl Dialect for Sqlite {
     #[cfg(feature = "guards")]
     const SERIAL_KEY: &'static str = "INTEGER PRIMARY KEY AUTOINCREMENT";
     #[cfg(feature = "guards")]
+    const NEXT_TRANSACTION_READ_COMMITTED: Option<&'static str> = None;
+    #[cfg(feature = "guards")]
     const SKIP_LOCKED: Option<&'static str> = None;
 
     #[cfg(feature = "guards")]

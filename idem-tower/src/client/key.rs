@@ -91,7 +91,7 @@ pub enum KeyOrigin {
     /// The layer made it for this logical request.
     Generated,
     /// A safe method (GET, HEAD, OPTIONS, TRACE): no key is sent.
-    None,
+    NotSent,
 }
 
 /// Makes sure a request of this method carries a key, once, before its
@@ -99,7 +99,7 @@ pub enum KeyOrigin {
 /// a new one of `kind`. Every retry then re-sends these same headers.
 pub(crate) fn ensure(method: &Method, headers: &mut HeaderMap, kind: KeyKind) -> KeyOrigin {
     if method.is_safe() {
-        return KeyOrigin::None;
+        return KeyOrigin::NotSent;
     }
     if headers.contains_key(KEY_HEADER) {
         return KeyOrigin::Caller;
@@ -149,7 +149,10 @@ mod tests {
     fn safe_methods_get_no_key() {
         for method in [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE] {
             let mut headers = HeaderMap::new();
-            assert_eq!(ensure(&method, &mut headers, KeyKind::V4), KeyOrigin::None);
+            assert_eq!(
+                ensure(&method, &mut headers, KeyKind::V4),
+                KeyOrigin::NotSent
+            );
             assert!(headers.is_empty());
         }
     }

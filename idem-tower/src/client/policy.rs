@@ -127,9 +127,13 @@ impl RetryPolicy {
     }
 
     /// Each attempt is abandoned after this long and retried
-    /// ([`Cause::Timeout`]); none by default. The server may have finished
-    /// the abandoned attempt: the retry, with the same key, then gets its
-    /// answer replayed.
+    /// ([`Cause::Timeout`]); none by default. The server goes on with the
+    /// abandoned attempt (idem's layer does not cancel a handler whose
+    /// client left), so the retry, with the same key, usually meets it in
+    /// flight (409 with `Retry-After`, [`Cause::InFlight`]) and the one
+    /// after gets its answer replayed: a timeout typically costs two more
+    /// attempts and the server's `Retry-After` (capped by
+    /// [`RetryPolicy::max_retry_after`]).
     pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
         self.attempt_timeout = Some(timeout);
         self

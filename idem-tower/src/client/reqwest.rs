@@ -76,7 +76,7 @@ impl Middleware for IdempotentMiddleware {
             .headers()
             .get(KEY_HEADER)
             .cloned()
-            .filter(|_| origin != KeyOrigin::None);
+            .filter(|_| origin != KeyOrigin::NotSent);
         let size = request
             .body()
             .and_then(reqwest::Body::as_bytes)

@@ -101,7 +101,7 @@ where
         .headers
         .get(KEY_HEADER)
         .cloned()
-        .filter(|_| origin != KeyOrigin::None);
+        .filter(|_| origin != KeyOrigin::NotSent);
     let body = buffer(body, policy.max_body).await?;
     let mut schedule = Schedule::start(policy);
 

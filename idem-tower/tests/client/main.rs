@@ -438,7 +438,7 @@ async fn safe_methods_are_sent_without_a_key() {
     // 503 from the front, then the router's 405 (final).
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(delivery.attempts, 2);
-    assert_eq!(delivery.origin, KeyOrigin::None);
+    assert_eq!(delivery.origin, KeyOrigin::NotSent);
     assert_eq!(delivery.key, None);
     assert!(server.keys.lock().unwrap().iter().all(Option::is_none));
 }

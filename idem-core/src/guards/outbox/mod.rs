@@ -120,6 +120,11 @@ impl<DB: Dialect> Outbox<DB> {
         &self.inner.pool
     }
 
+    /// The table's name.
+    pub fn table(&self) -> &str {
+        self.inner.table.as_str()
+    }
+
     /// Creates the tables if missing. Safe to run at every start, from
     /// several processes.
     pub async fn migrate(&self) -> Result<(), Error> {

@@ -10,7 +10,10 @@
 //! event of this key is claimable too" is judged on rows no other relay is
 //! changing. The claim itself is a lease (an owner token and an expiry), so
 //! publishing holds no transaction open, and a relay that dies mid-batch
-//! leaves events that another relay claims once the lease is over.
+//! leaves events that another relay claims once the lease is over. The
+//! claim reads committed rows without locking them (MySQL's repeatable
+//! read would take gap locks there, and deadlock with the inserts of the
+//! business transactions enqueueing events).
 
 use std::time::Duration;
 
@@ -42,7 +45,15 @@ impl<DB: Dialect> Outbox<DB> {
     ) -> Result<Claimed, Error> {
         let token = format!("{relay}:{:032x}", rand::random::<u128>());
         let (t, lock, now) = (&self.inner.table, &self.inner.lock, DB::NOW);
-        let mut tx = self.inner.pool.begin().await.map_err(db_error)?;
+        let mut conn = self.inner.pool.acquire().await.map_err(db_error)?;
+        if let Some(read_committed) = DB::NEXT_TRANSACTION_READ_COMMITTED {
+            DB::execute(&mut conn, read_committed.to_owned(), &[])
+                .await
+                .map_err(db_error)?;
+        }
+        let mut tx = sqlx::Connection::begin(&mut *conn)
+            .await
+            .map_err(db_error)?;
 
         let locked = match DB::SKIP_LOCKED {
             Some(skip_locked) => {
@@ -161,8 +172,9 @@ impl<DB: Dialect> Outbox<DB> {
     }
 
     /// Deletes up to `batch` events sent more than `age` ago, oldest first;
-    /// how many.
-    pub(super) async fn purge_sent(&self, age: Duration, batch: usize) -> Result<u64, Error> {
+    /// how many. A running [`Relay`](super::Relay) does this by itself
+    /// ([`Relay::keep_sent`](super::Relay::keep_sent)).
+    pub async fn purge_sent(&self, age: Duration, batch: usize) -> Result<u64, Error> {
         let mut p = Params::<DB>::new();
         let sql = format!(
             "DELETE FROM {t} WHERE seq IN (SELECT seq FROM ( \

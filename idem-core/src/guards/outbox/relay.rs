@@ -260,27 +260,27 @@ impl<DB: Dialect, P: Publisher> Relay<DB, P> {
     /// Runs passes until `shutdown` completes: right away while there is
     /// work, every [`Relay::idle`] when there is none, backing off while the
     /// database fails. Sets the gauge `idem_outbox_lag_seconds` (the age of
-    /// the oldest unsent event) after each idle pass, and purges sent events
-    /// as it goes. A pass under way when `shutdown` completes is finished
+    /// the oldest unsent event) after each idle pass and at least every
+    /// second while busy, and purges sent events while idle. A pass under way when `shutdown` completes is finished
     /// first.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) {
         let mut shutdown = pin!(shutdown);
         let mut failures = 0;
-        let mut purged_at: Option<Instant> = None;
+        let (mut purged_at, mut lag_at): (Option<Instant>, Option<Instant>) = (None, None);
         loop {
             let wait = match self.run_once().await {
                 Ok(pass) => {
                     failures = 0;
-                    if pass.claimed > 0 {
-                        Duration::ZERO
-                    } else {
+                    let idle = pass.claimed == 0;
+                    if idle || lag_at.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
                         self.record_lag().await;
-                        if purged_at.is_none_or(|at| at.elapsed() >= self.idle * 50) {
-                            self.purge().await;
-                            purged_at = Some(Instant::now());
-                        }
-                        self.idle
+                        lag_at = Some(Instant::now());
                     }
+                    if idle && purged_at.is_none_or(|at| at.elapsed() >= self.idle * 50) {
+                        self.purge().await;
+                        purged_at = Some(Instant::now());
+                    }
+                    if idle { self.idle } else { Duration::ZERO }
                 }
                 Err(err) => {
                     failures += 1;

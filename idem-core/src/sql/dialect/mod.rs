@@ -220,6 +220,14 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
     #[doc(hidden)]
     const SERIAL_KEY: &'static str;
 
+    /// The statement that makes the connection's next transaction read
+    /// committed, where that is not the default (MySQL's repeatable read
+    /// takes gap locks that deadlock a relay's claim with the inserts of
+    /// business transactions).
+    #[cfg(feature = "guards")]
+    #[doc(hidden)]
+    const NEXT_TRANSACTION_READ_COMMITTED: Option<&'static str>;
+
     /// What a read appends to lock the rows it reads, skipping those another
     /// transaction holds; `None` where there are no row locks (SQLite, whose
     /// writer holds the whole database).
