@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 
 use idem_core::BoxError;
 use idem_core::conformance::sql::TestSql;
-use idem_core::guards::{Enqueued, Event, GuardDb, Outbox, PendingEvent, Publisher, Relay};
+use idem_core::guards::{
+    Enqueued, Event, GuardDb, Outbox, PendingEvent, Published, Publisher, Relay,
+};
 use idem_core::sql::sqlx::Pool;
 use idem_core::store::BoxFuture;
 use metrics_exporter_prometheus::PrometheusBuilder;
@@ -67,7 +69,10 @@ impl Broker {
 struct To(Arc<Broker>);
 
 impl Publisher for To {
-    fn publish<'a>(&'a self, pending: &'a PendingEvent) -> BoxFuture<'a, Result<(), BoxError>> {
+    fn publish<'a>(
+        &'a self,
+        pending: &'a PendingEvent,
+    ) -> BoxFuture<'a, Result<Published, BoxError>> {
         Box::pin(async move {
             let broker = &self.0;
             let key = pending.event().key().to_owned();
@@ -93,7 +98,7 @@ impl Publisher for To {
             if failed {
                 return Err("the broker refused this one".into());
             }
-            Ok(())
+            Ok(Published::Stored)
         })
     }
 }
@@ -102,7 +107,7 @@ impl Publisher for To {
 struct Stuck;
 
 impl Publisher for Stuck {
-    fn publish<'a>(&'a self, _: &'a PendingEvent) -> BoxFuture<'a, Result<(), BoxError>> {
+    fn publish<'a>(&'a self, _: &'a PendingEvent) -> BoxFuture<'a, Result<Published, BoxError>> {
         Box::pin(std::future::pending())
     }
 }

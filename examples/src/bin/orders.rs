@@ -16,7 +16,8 @@ struct Args {
     #[arg(long, default_value = "127.0.0.1:3000")]
     listen: SocketAddr,
     /// Where data and idempotency records live: `memory`, `sqlite://PATH`,
-    /// `postgres://...` or `mysql://...`.
+    /// `postgres://...` or `mysql://...`. On SQL, the outbox of
+    /// `order.created` events too, which the `relay` binary publishes.
     #[arg(long, default_value = "sqlite://idem-orders.db")]
     database: String,
     /// Put a Redis fast gate (`redis://...`) in front of the SQL database

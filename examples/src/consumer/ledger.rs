@@ -1,5 +1,6 @@
-//! The consumer's ledger: accounts and ledger entries on PostgreSQL,
-//! MySQL/MariaDB or SQLite, credited once per transfer through the inbox.
+//! The consumer's ledger on PostgreSQL, MySQL/MariaDB or SQLite: accounts
+//! and ledger entries, credited once per transfer through the inbox, and
+//! users' loyalty points, one rewards entry per order through the inbox.
 
 use idem_tower::core::guards::GuardDb;
 use idem_tower::core::sql::sqlx::{
@@ -8,6 +9,7 @@ use idem_tower::core::sql::sqlx::{
 };
 
 use super::{BoxError, Transfer};
+use crate::orders::OrderCreated;
 use crate::placeholders::positional;
 use crate::sql_pool::SqlPool;
 
@@ -35,6 +37,22 @@ pub struct Summary {
     pub balance_cents: i64,
 }
 
+/// One rewards entry: the points an order earned its user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reward {
+    /// The user.
+    pub user: String,
+    /// The order.
+    pub order_id: u64,
+    /// The points booked.
+    pub points: i64,
+}
+
+/// The points an order of `amount_cents` earns: one per whole unit.
+pub fn points(amount_cents: i64) -> i64 {
+    amount_cents / 100
+}
+
 /// The ledger's statements, once per database (concrete connection types,
 /// no higher-ranked executor bounds).
 pub trait LedgerSql: GuardDb {
@@ -51,6 +69,18 @@ pub trait LedgerSql: GuardDb {
         pool: &sqlx::Pool<Self>,
         prefix: &str,
     ) -> impl Future<Output = Result<Summary, sqlx::Error>> + Send;
+    /// Books the points of `order`: a rewards entry and a relative points
+    /// update (safe only because the inbox runs it once).
+    fn reward(
+        conn: &mut Self::Connection,
+        order: &OrderCreated,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+    /// The rewards entries of `tenant`, in the order they were booked, and
+    /// the sum of its users' points balances.
+    fn rewards(
+        pool: &sqlx::Pool<Self>,
+        tenant: &str,
+    ) -> impl Future<Output = Result<(Vec<Reward>, i64), sqlx::Error>> + Send;
 }
 
 const SUMMARY: &str = "SELECT \
@@ -60,7 +90,7 @@ const SUMMARY: &str = "SELECT \
     (SELECT CAST(COALESCE(SUM(balance_cents), 0) AS BIGINT) FROM consumer_accounts WHERE account LIKE $1)";
 
 macro_rules! ledger_sql {
-    ($db:ty, $conn:ty, $schema:expr, $params:expr, $upsert:expr) => {
+    ($db:ty, $conn:ty, $schema:expr, $params:expr, $upsert:expr, $points_upsert:expr) => {
         impl LedgerSql for $db {
             async fn migrate(pool: &sqlx::Pool<Self>) -> Result<(), sqlx::Error> {
                 sqlx::raw_sql($schema).execute(pool).await.map(drop)
@@ -104,6 +134,56 @@ macro_rules! ledger_sql {
                     balance_cents,
                 })
             }
+
+            async fn reward(conn: &mut $conn, order: &OrderCreated) -> Result<(), sqlx::Error> {
+                let points = points(order.amount_cents);
+                sqlx::query(AssertSqlSafe($params(
+                    "INSERT INTO consumer_rewards (tenant, user_id, order_id, points) \
+                     VALUES ($1, $2, $3, $4)",
+                )))
+                .bind(&order.tenant)
+                .bind(&order.user)
+                .bind(order.order_id as i64)
+                .bind(points)
+                .execute(&mut *conn)
+                .await?;
+                sqlx::query(AssertSqlSafe($params($points_upsert)))
+                    .bind(&order.tenant)
+                    .bind(&order.user)
+                    .bind(points)
+                    .execute(&mut *conn)
+                    .await
+                    .map(drop)
+            }
+
+            async fn rewards(
+                pool: &sqlx::Pool<Self>,
+                tenant: &str,
+            ) -> Result<(Vec<Reward>, i64), sqlx::Error> {
+                let rows = sqlx::query_as::<_, (String, i64, i64)>(AssertSqlSafe($params(
+                    "SELECT user_id, order_id, points FROM consumer_rewards \
+                     WHERE tenant = $1 ORDER BY entry_id",
+                )))
+                .bind(tenant)
+                .fetch_all(pool)
+                .await?;
+                let balance: i64 = sqlx::query_scalar(AssertSqlSafe($params(
+                    "SELECT CAST(COALESCE(SUM(points), 0) AS BIGINT) FROM consumer_points \
+                     WHERE tenant = $1",
+                )))
+                .bind(tenant)
+                .fetch_one(pool)
+                .await?;
+                let entries = rows
+                    .into_iter()
+                    .map(|(user, order_id, points)| Reward {
+                        user,
+                        order_id: order_id as u64,
+                        points,
+                    })
+                    .collect();
+                Ok((entries, balance))
+            }
         }
     };
 }
@@ -114,6 +194,12 @@ CREATE TABLE IF NOT EXISTS consumer_accounts (
 CREATE TABLE IF NOT EXISTS consumer_ledger (
     entry_id BIGSERIAL PRIMARY KEY, transfer_id TEXT NOT NULL, account TEXT NOT NULL,
     amount_cents BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS consumer_points (
+    tenant TEXT NOT NULL, user_id TEXT NOT NULL, points BIGINT NOT NULL,
+    PRIMARY KEY (tenant, user_id));
+CREATE TABLE IF NOT EXISTS consumer_rewards (
+    entry_id BIGSERIAL PRIMARY KEY, tenant TEXT NOT NULL, user_id TEXT NOT NULL,
+    order_id BIGINT NOT NULL, points BIGINT NOT NULL);
 ";
 
 const SQLITE_SCHEMA: &str = "
@@ -122,6 +208,12 @@ CREATE TABLE IF NOT EXISTS consumer_accounts (
 CREATE TABLE IF NOT EXISTS consumer_ledger (
     entry_id INTEGER PRIMARY KEY AUTOINCREMENT, transfer_id TEXT NOT NULL,
     account TEXT NOT NULL, amount_cents INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS consumer_points (
+    tenant TEXT NOT NULL, user_id TEXT NOT NULL, points INTEGER NOT NULL,
+    PRIMARY KEY (tenant, user_id));
+CREATE TABLE IF NOT EXISTS consumer_rewards (
+    entry_id INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, user_id TEXT NOT NULL,
+    order_id INTEGER NOT NULL, points INTEGER NOT NULL);
 ";
 
 const MYSQL_SCHEMA: &str = "
@@ -131,25 +223,38 @@ CREATE TABLE IF NOT EXISTS consumer_ledger (
     entry_id BIGINT AUTO_INCREMENT PRIMARY KEY, transfer_id VARCHAR(255) NOT NULL,
     account VARCHAR(255) NOT NULL, amount_cents BIGINT NOT NULL,
     INDEX consumer_ledger_account (account)) ENGINE = InnoDB;
+CREATE TABLE IF NOT EXISTS consumer_points (
+    tenant VARCHAR(255) NOT NULL, user_id VARCHAR(255) NOT NULL, points BIGINT NOT NULL,
+    PRIMARY KEY (tenant, user_id)) ENGINE = InnoDB;
+CREATE TABLE IF NOT EXISTS consumer_rewards (
+    entry_id BIGINT AUTO_INCREMENT PRIMARY KEY, tenant VARCHAR(255) NOT NULL,
+    user_id VARCHAR(255) NOT NULL, order_id BIGINT NOT NULL, points BIGINT NOT NULL,
+    INDEX consumer_rewards_tenant (tenant)) ENGINE = InnoDB;
 ";
 
 const RETURNING_UPSERT: &str = "INSERT INTO consumer_accounts (account, balance_cents) \
      VALUES ($1, $2) ON CONFLICT (account) \
      DO UPDATE SET balance_cents = consumer_accounts.balance_cents + excluded.balance_cents";
 
+const RETURNING_POINTS_UPSERT: &str = "INSERT INTO consumer_points (tenant, user_id, points) \
+     VALUES ($1, $2, $3) ON CONFLICT (tenant, user_id) \
+     DO UPDATE SET points = consumer_points.points + excluded.points";
+
 ledger_sql!(
     Postgres,
     PgConnection,
     POSTGRES_SCHEMA,
     |sql: &str| sql.to_owned(),
-    RETURNING_UPSERT
+    RETURNING_UPSERT,
+    RETURNING_POINTS_UPSERT
 );
 ledger_sql!(
     Sqlite,
     SqliteConnection,
     SQLITE_SCHEMA,
     positional,
-    RETURNING_UPSERT
+    RETURNING_UPSERT,
+    RETURNING_POINTS_UPSERT
 );
 ledger_sql!(
     MySql,
@@ -157,7 +262,9 @@ ledger_sql!(
     MYSQL_SCHEMA,
     |sql: &str| positional(&sql.replace("AS BIGINT", "AS SIGNED")),
     "INSERT INTO consumer_accounts (account, balance_cents) VALUES ($1, $2) \
-     ON DUPLICATE KEY UPDATE balance_cents = balance_cents + VALUES(balance_cents)"
+     ON DUPLICATE KEY UPDATE balance_cents = balance_cents + VALUES(balance_cents)",
+    "INSERT INTO consumer_points (tenant, user_id, points) VALUES ($1, $2, $3) \
+     ON DUPLICATE KEY UPDATE points = points + VALUES(points)"
 );
 
 impl Ledger {
@@ -177,6 +284,16 @@ impl Ledger {
                 Sqlite::migrate(&pool).await?;
                 Self::Sqlite(pool)
             }
+        })
+    }
+
+    /// The rewards entries of `tenant`, in the order they were booked, and
+    /// the sum of its users' points balances.
+    pub async fn rewards(&self, tenant: &str) -> Result<(Vec<Reward>, i64), BoxError> {
+        Ok(match self {
+            Self::Postgres(pool) => Postgres::rewards(pool, tenant).await?,
+            Self::MySql(pool) => MySql::rewards(pool, tenant).await?,
+            Self::Sqlite(pool) => Sqlite::rewards(pool, tenant).await?,
         })
     }
 

@@ -1,14 +1,18 @@
-//! An idempotent consumer on NATS JetStream: each transfer message credits
-//! an account exactly once, however often the broker delivers it and however
-//! often the producer re-publishes it.
+//! An idempotent consumer on NATS JetStream, for one of two feeds
+//! ([`Feed`]): each transfer message credits an account exactly once, or
+//! each `order.created` event of the orders app (published by the `relay`
+//! binary from its outbox) books a user's loyalty points exactly once,
+//! however often the broker delivers it and however often the producer
+//! re-publishes it.
 //!
 //! At-least-once delivery plus an idem [`Inbox`] is effectively-once: the
-//! inbox row (unique on the message id and, separately, on the transfer id)
-//! commits in the same transaction as the ledger entry and the balance
-//! update. A duplicate is acknowledged and skipped; a handler error rolls
-//! everything back and is negatively acknowledged, so JetStream delivers the
-//! message again; a crash before the commit leaves nothing, a crash after it
-//! leaves the inbox row, so the redelivery is skipped.
+//! inbox row (unique on the message id and, separately, on the business id:
+//! the transfer id, or the order) commits in the same transaction as the
+//! ledger entry and the balance update. A duplicate is acknowledged and
+//! skipped; a handler error rolls everything back and is negatively
+//! acknowledged, so JetStream delivers the message again; a crash before
+//! the commit leaves nothing, a crash after it leaves the inbox row, so the
+//! redelivery is skipped.
 //!
 //! Why JetStream rather than RabbitMQ: a *durable pull consumer* keeps the
 //! delivery state (what was acknowledged) on the server, and with explicit
@@ -19,6 +23,14 @@
 //! (via `lapin`) would work the same way with manual acks; nothing here
 //! depends on JetStream's own publish dedup (`Nats-Msg-Id`), which only
 //! covers a time window and never a re-publication under a new id.
+//!
+//! The order feed takes the message id from `Nats-Msg-Id` (the relay sets
+//! it to the outbox event's id) and the business id from the order, and
+//! books one `consumer_rewards` row and a points update per order. Run
+//! with a concurrency of 1, it books one user's orders in the order the
+//! relay published them, which is the order they committed in; only a
+//! redelivery (a failed handler, or a message lost on its way while the
+//! connection dropped) comes after messages published later.
 //!
 //! Run it: `cargo run -p idem-examples --bin consumer -- --help`.
 
@@ -33,7 +45,9 @@ use idem_tower::core::guards::{Inbox, ProcessError, Processed};
 use idem_tower::core::sql::sqlx::Pool;
 use serde::{Deserialize, Serialize};
 
-pub use ledger::{Ledger, LedgerSql, Summary};
+use crate::orders::OrderCreated;
+
+pub use ledger::{Ledger, LedgerSql, Reward, Summary, points};
 
 /// Anything that went wrong.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -55,9 +69,56 @@ pub struct Transfer {
     pub amount_cents: i64,
 }
 
+/// What the consumer consumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Feed {
+    /// [`Transfer`] messages, their id in [`MESSAGE_ID_HEADER`]: one
+    /// account credit per transfer id.
+    #[default]
+    Transfers,
+    /// The orders app's [`OrderCreated`] events, their id in
+    /// `Nats-Msg-Id`: one rewards entry per order.
+    Orders,
+}
+
+/// What one message asks for: its business id and its effect.
+enum Effect {
+    Credit(Transfer),
+    Reward(OrderCreated),
+}
+
+impl Effect {
+    /// `payload` read as `feed` says.
+    fn read(feed: Feed, payload: &[u8]) -> Result<Self, serde_json::Error> {
+        Ok(match feed {
+            Feed::Transfers => Self::Credit(serde_json::from_slice(payload)?),
+            Feed::Orders => Self::Reward(serde_json::from_slice(payload)?),
+        })
+    }
+
+    /// The business id the inbox holds unique: the same effect re-published
+    /// under another message id is skipped.
+    fn business_id(&self) -> String {
+        match self {
+            Self::Credit(transfer) => transfer.transfer_id.clone(),
+            Self::Reward(order) => format!("order:{}:{}", order.tenant, order.order_id),
+        }
+    }
+
+    async fn book<DB: LedgerSql>(&self, conn: &mut DB::Connection) -> Result<(), BoxError> {
+        match self {
+            Self::Credit(transfer) => DB::credit(conn, transfer).await?,
+            Self::Reward(order) => DB::reward(conn, order).await?,
+        }
+        Ok(())
+    }
+}
+
 /// How the consumer runs.
 #[derive(Debug, Clone)]
 pub struct Settings {
+    /// What it consumes.
+    pub feed: Feed,
     /// `nats://HOST:PORT`.
     pub nats: String,
     /// The stream; created (file storage) if missing.
@@ -172,28 +233,32 @@ async fn handle<DB: LedgerSql>(
         .info()
         .map(|info| info.stream_sequence)
         .unwrap_or_default();
+    let id_header = match settings.feed {
+        Feed::Transfers => MESSAGE_ID_HEADER,
+        Feed::Orders => "Nats-Msg-Id",
+    };
     let message_id = message
         .headers
         .as_ref()
-        .and_then(|h| h.get(MESSAGE_ID_HEADER))
+        .and_then(|h| h.get(id_header))
         .map(|v| v.as_str().to_owned())
         .unwrap_or_else(|| format!("{}:{sequence}", settings.stream));
-    let transfer: Transfer = match serde_json::from_slice(&message.payload) {
-        Ok(transfer) => transfer,
+    let effect = match Effect::read(settings.feed, &message.payload) {
+        Ok(effect) => effect,
         Err(err) => {
             // Poison: redelivering cannot help. Terminate it (a real
             // consumer would dead-letter it).
-            tracing::error!(%err, %message_id, "not a transfer; terminating the message");
+            tracing::error!(%err, %message_id, feed = ?settings.feed, "unreadable; terminating the message");
             ack(&message, AckKind::Term).await;
             return;
         }
     };
+    let business_id = effect.business_id();
     let (fail_percent, delay) = (settings.chaos_fail_percent, settings.chaos_delay);
     let outcome = inbox
-        .process(&message_id, &transfer.transfer_id, |conn| {
-            let transfer = transfer.clone();
+        .process(&message_id, &business_id, move |conn| {
             Box::pin(async move {
-                DB::credit(conn, &transfer).await?;
+                effect.book::<DB>(conn).await?;
                 if !delay.is_zero() {
                     tokio::time::sleep(delay).await;
                 }
@@ -207,7 +272,7 @@ async fn handle<DB: LedgerSql>(
     match outcome {
         Ok(Processed::Done(())) => ack(&message, AckKind::Ack).await,
         Ok(Processed::Skipped(of)) => {
-            tracing::info!(%message_id, transfer = %transfer.transfer_id, ?of, "duplicate skipped");
+            tracing::info!(%message_id, %business_id, ?of, "duplicate skipped");
             ack(&message, AckKind::Ack).await;
         }
         Err(ProcessError::Failed(err)) => {

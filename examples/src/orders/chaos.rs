@@ -6,7 +6,9 @@
 //!   `orders_handler_calls_total` and `payment_callback_handler_calls_total`
 //!   in `GET /metrics`).
 //! - [`Chaos`]: with `--chaos` only, `POST /orders` honours
-//!   `X-Chaos-Fail: 503` (answer 503 before any write) and
+//!   `X-Chaos-Fail: 503` (answer 503 before any write),
+//!   `X-Chaos-Fail-After-Write: 500` (answer 500 after the writes and the
+//!   outbox event, so the transaction rolls them back) and
 //!   `X-Chaos-Delay-Ms: N` (sleep after the writes, before the commit).
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,6 +62,7 @@ impl Calls {
 #[derive(Debug, Default)]
 pub(crate) struct Chaos {
     fail: bool,
+    fail_after_write: bool,
     delay: Option<Duration>,
 }
 
@@ -71,6 +74,7 @@ impl Chaos {
         let number = |name: &str| -> Option<u64> { headers.get(name)?.to_str().ok()?.parse().ok() };
         Self {
             fail: number("x-chaos-fail") == Some(503),
+            fail_after_write: number("x-chaos-fail-after-write") == Some(500),
             delay: number("x-chaos-delay-ms").map(Duration::from_millis),
         }
     }
@@ -81,6 +85,17 @@ impl Chaos {
             error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "chaos: failing before any write",
+            )
+        })
+    }
+
+    /// The 500 to answer after the writes, if asked for: the idempotency
+    /// layer rolls the transaction back (order, debit, event and claim).
+    pub(crate) fn failure_after_write(&self) -> Option<Response> {
+        self.fail_after_write.then(|| {
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "chaos: failing after the writes",
             )
         })
     }

@@ -1,6 +1,7 @@
 //! Where the app keeps its data: in memory, or in one of the SQL databases
-//! (which then also hold the idempotency records), and the `Writer`
-//! `POST /orders` writes through.
+//! (which then also hold the idempotency records and the outbox of
+//! `order.created` events, events.rs), and the `Writer` `POST /orders`
+//! writes through.
 
 use std::sync::Arc;
 
@@ -8,8 +9,11 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use idem_tower::Tx;
+use idem_tower::core::guards::Outbox;
+use idem_tower::core::sql::Dialect;
 use idem_tower::core::sql::sqlx::{self, MySql, MySqlPool, PgPool, Postgres, Sqlite, SqlitePool};
 
+use super::events::order_created;
 use super::memory::Db;
 use super::model::{NewOrder, Order, Payment, TransitionError};
 use super::sql::OrdersSql;
@@ -19,36 +23,52 @@ use crate::sql_pool::SqlPool;
 /// The app's data.
 #[derive(Debug, Clone)]
 pub enum Data {
-    /// In this process; idempotency in a `MemoryStore`.
+    /// In this process; idempotency in a `MemoryStore`; no outbox, so no
+    /// events.
     Memory(Arc<Db>),
     /// PostgreSQL, idempotency in a `PgStore` in the same database.
-    Postgres(PgPool),
+    Postgres {
+        /// The pool.
+        pool: PgPool,
+        /// Where `POST /orders` enqueues its `order.created` events.
+        outbox: Outbox<Postgres>,
+    },
     /// MySQL or MariaDB, idempotency in a `MySqlStore`.
-    MySql(MySqlPool),
+    MySql {
+        /// The pool.
+        pool: MySqlPool,
+        /// Where `POST /orders` enqueues its `order.created` events.
+        outbox: Outbox<MySql>,
+    },
     /// A SQLite file, idempotency in a `SqliteStore`.
-    Sqlite(SqlitePool),
+    Sqlite {
+        /// The pool.
+        pool: SqlitePool,
+        /// Where `POST /orders` enqueues its `order.created` events.
+        outbox: Outbox<Sqlite>,
+    },
 }
 
 impl Data {
     /// Connects to `database`: `memory`, `sqlite://PATH` (created if
     /// missing), `postgres://...` or `mysql://...`, and creates the app's
-    /// tables there.
-    pub async fn connect(database: &str) -> Result<Self, sqlx::Error> {
+    /// tables and the outbox's there.
+    pub async fn connect(database: &str) -> Result<Self, BoxError> {
         if database == "memory" {
             return Ok(Self::Memory(Arc::default()));
         }
         Ok(match SqlPool::connect(database, 64).await? {
             SqlPool::Postgres(pool) => {
-                Postgres::migrate(&pool).await?;
-                Self::Postgres(pool)
+                let outbox = migrate(&pool).await?;
+                Self::Postgres { pool, outbox }
             }
             SqlPool::MySql(pool) => {
-                MySql::migrate(&pool).await?;
-                Self::MySql(pool)
+                let outbox = migrate(&pool).await?;
+                Self::MySql { pool, outbox }
             }
             SqlPool::Sqlite(pool) => {
-                Sqlite::migrate(&pool).await?;
-                Self::Sqlite(pool)
+                let outbox = migrate(&pool).await?;
+                Self::Sqlite { pool, outbox }
             }
         })
     }
@@ -61,9 +81,9 @@ impl Data {
     ) -> Result<(Vec<Order>, i64), sqlx::Error> {
         match self {
             Self::Memory(db) => Ok(db.orders_of(tenant, user)),
-            Self::Postgres(pool) => Postgres::orders_of(pool, tenant, user).await,
-            Self::MySql(pool) => MySql::orders_of(pool, tenant, user).await,
-            Self::Sqlite(pool) => Sqlite::orders_of(pool, tenant, user).await,
+            Self::Postgres { pool, .. } => Postgres::orders_of(pool, tenant, user).await,
+            Self::MySql { pool, .. } => MySql::orders_of(pool, tenant, user).await,
+            Self::Sqlite { pool, .. } => Sqlite::orders_of(pool, tenant, user).await,
         }
     }
 
@@ -75,9 +95,13 @@ impl Data {
     ) -> Result<bool, sqlx::Error> {
         match self {
             Self::Memory(db) => Ok(db.create_payment(payment_no, amount_cents)),
-            Self::Postgres(pool) => Postgres::create_payment(pool, payment_no, amount_cents).await,
-            Self::MySql(pool) => MySql::create_payment(pool, payment_no, amount_cents).await,
-            Self::Sqlite(pool) => Sqlite::create_payment(pool, payment_no, amount_cents).await,
+            Self::Postgres { pool, .. } => {
+                Postgres::create_payment(pool, payment_no, amount_cents).await
+            }
+            Self::MySql { pool, .. } => MySql::create_payment(pool, payment_no, amount_cents).await,
+            Self::Sqlite { pool, .. } => {
+                Sqlite::create_payment(pool, payment_no, amount_cents).await
+            }
         }
     }
 
@@ -90,9 +114,11 @@ impl Data {
     ) -> Result<Result<Payment, TransitionError>, BoxError> {
         match self {
             Self::Memory(db) => Ok(db.mark_paid(payment_no, amount_cents)),
-            Self::Postgres(pool) => Postgres::mark_paid(pool, payment_no, amount_cents).await,
-            Self::MySql(pool) => MySql::mark_paid(pool, payment_no, amount_cents).await,
-            Self::Sqlite(pool) => Sqlite::mark_paid(pool, payment_no, amount_cents).await,
+            Self::Postgres { pool, .. } => {
+                Postgres::mark_paid(pool, payment_no, amount_cents).await
+            }
+            Self::MySql { pool, .. } => MySql::mark_paid(pool, payment_no, amount_cents).await,
+            Self::Sqlite { pool, .. } => Sqlite::mark_paid(pool, payment_no, amount_cents).await,
         }
     }
 
@@ -104,9 +130,9 @@ impl Data {
     ) -> Result<Result<Payment, TransitionError>, BoxError> {
         match self {
             Self::Memory(db) => Ok(db.refund(payment_no)),
-            Self::Postgres(pool) => Postgres::refund(pool, payment_no).await,
-            Self::MySql(pool) => MySql::refund(pool, payment_no).await,
-            Self::Sqlite(pool) => Sqlite::refund(pool, payment_no).await,
+            Self::Postgres { pool, .. } => Postgres::refund(pool, payment_no).await,
+            Self::MySql { pool, .. } => MySql::refund(pool, payment_no).await,
+            Self::Sqlite { pool, .. } => Sqlite::refund(pool, payment_no).await,
         }
     }
 
@@ -114,42 +140,67 @@ impl Data {
     pub async fn payment(&self, payment_no: &str) -> Result<Option<Payment>, sqlx::Error> {
         match self {
             Self::Memory(db) => Ok(db.payment(payment_no)),
-            Self::Postgres(pool) => Postgres::payment(pool, payment_no).await,
-            Self::MySql(pool) => MySql::payment(pool, payment_no).await,
-            Self::Sqlite(pool) => Sqlite::payment(pool, payment_no).await,
+            Self::Postgres { pool, .. } => Postgres::payment(pool, payment_no).await,
+            Self::MySql { pool, .. } => MySql::payment(pool, payment_no).await,
+            Self::Sqlite { pool, .. } => Sqlite::payment(pool, payment_no).await,
         }
     }
 }
 
+/// The app's tables and the outbox's on `pool`, created if missing.
+async fn migrate<DB: OrdersSql + Dialect>(pool: &sqlx::Pool<DB>) -> Result<Outbox<DB>, BoxError> {
+    <DB as OrdersSql>::migrate(pool).await?;
+    let outbox = Outbox::new(pool.clone())?;
+    outbox.migrate().await?;
+    Ok(outbox)
+}
+
 /// Where `POST /orders` writes: the memory database, or the transaction its
 /// idempotency claim was made in (transactional mode's `Tx`), so that the
-/// order, the debit and the stored response commit together.
+/// order, the debit, its `order.created` event and the stored response
+/// commit together.
 pub enum Writer {
     /// In memory.
     Memory(Arc<Db>),
-    /// The claim's PostgreSQL transaction.
-    Postgres(Tx<Postgres>),
-    /// The claim's MySQL transaction.
-    MySql(Tx<MySql>),
-    /// The claim's SQLite transaction.
-    Sqlite(Tx<Sqlite>),
+    /// The claim's PostgreSQL transaction, and the outbox.
+    Postgres(Tx<Postgres>, Outbox<Postgres>),
+    /// The claim's MySQL transaction, and the outbox.
+    MySql(Tx<MySql>, Outbox<MySql>),
+    /// The claim's SQLite transaction, and the outbox.
+    Sqlite(Tx<Sqlite>, Outbox<Sqlite>),
 }
 
 impl Writer {
-    /// Debits the balance of user `user` of `tenant` and inserts the order.
+    /// Debits the balance of user `user` of `tenant`, inserts the order and,
+    /// on SQL, enqueues its `order.created` event, all in the claim's
+    /// transaction. In memory there is no outbox: no event.
     pub async fn place_order(
         &mut self,
         tenant: &str,
         user: &str,
         order: &NewOrder,
-    ) -> Result<Order, sqlx::Error> {
+    ) -> Result<Order, BoxError> {
         match self {
             Self::Memory(db) => Ok(db.place_order(tenant, user, order)),
-            Self::Postgres(tx) => Postgres::place_order(tx, tenant, user, order).await,
-            Self::MySql(tx) => MySql::place_order(tx, tenant, user, order).await,
-            Self::Sqlite(tx) => Sqlite::place_order(tx, tenant, user, order).await,
+            Self::Postgres(tx, outbox) => place_order(&mut **tx, outbox, tenant, user, order).await,
+            Self::MySql(tx, outbox) => place_order(&mut **tx, outbox, tenant, user, order).await,
+            Self::Sqlite(tx, outbox) => place_order(&mut **tx, outbox, tenant, user, order).await,
         }
     }
+}
+
+/// The order, the debit and the event, on the transaction's connection.
+async fn place_order<DB: OrdersSql + Dialect>(
+    conn: &mut DB::Connection,
+    outbox: &Outbox<DB>,
+    tenant: &str,
+    user: &str,
+    order: &NewOrder,
+) -> Result<Order, BoxError> {
+    let placed = <DB as OrdersSql>::place_order(conn, tenant, user, order).await?;
+    // A new order id, so a new event id: never `AlreadyQueued` here.
+    let _ = outbox.enqueue(conn, &order_created(&placed)?).await?;
+    Ok(placed)
 }
 
 impl FromRequestParts<App> for Writer {
@@ -159,15 +210,18 @@ impl FromRequestParts<App> for Writer {
         let reject = IntoResponse::into_response;
         Ok(match &app.data {
             Data::Memory(db) => Self::Memory(db.clone()),
-            Data::Postgres(_) => {
-                Self::Postgres(Tx::from_request_parts(parts, app).await.map_err(reject)?)
-            }
-            Data::MySql(_) => {
-                Self::MySql(Tx::from_request_parts(parts, app).await.map_err(reject)?)
-            }
-            Data::Sqlite(_) => {
-                Self::Sqlite(Tx::from_request_parts(parts, app).await.map_err(reject)?)
-            }
+            Data::Postgres { outbox, .. } => Self::Postgres(
+                Tx::from_request_parts(parts, app).await.map_err(reject)?,
+                outbox.clone(),
+            ),
+            Data::MySql { outbox, .. } => Self::MySql(
+                Tx::from_request_parts(parts, app).await.map_err(reject)?,
+                outbox.clone(),
+            ),
+            Data::Sqlite { outbox, .. } => Self::Sqlite(
+                Tx::from_request_parts(parts, app).await.map_err(reject)?,
+                outbox.clone(),
+            ),
         })
     }
 }

@@ -24,8 +24,9 @@ fn internal(err: impl std::fmt::Display) -> Response {
     error(StatusCode::INTERNAL_SERVER_ERROR, "database error")
 }
 
-/// `POST /orders`: debits the user's balance and inserts the order, through
-/// `writer`, which on SQL is the idempotency claim's own transaction.
+/// `POST /orders`: debits the user's balance, inserts the order and (on SQL)
+/// enqueues its `order.created` event, through `writer`, which on SQL is
+/// the idempotency claim's own transaction.
 pub(crate) async fn create_order(
     State(app): State<App>,
     Extension(UserId(user)): Extension<UserId>,
@@ -52,6 +53,9 @@ pub(crate) async fn create_order(
         // A 500 is not final: the layer rolls the transaction back.
         Err(err) => return internal(err),
     };
+    if let Some(failure) = chaos.failure_after_write() {
+        return failure;
+    }
     chaos.delay().await;
     let location = format!("/orders/{}", placed.order_id);
     (

@@ -1,5 +1,10 @@
 //! The in-memory database, for `--database memory`: the same operations as
 //! the SQL tables (sql/), each under one lock, so each is one transaction.
+//!
+//! It has no outbox: orders placed here publish no `order.created` event
+//! (events.rs), and nothing rolls an order back once placed (no
+//! transaction spans the handler), so `X-Chaos-Fail-After-Write` leaves
+//! the order in place.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

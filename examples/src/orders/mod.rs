@@ -13,7 +13,8 @@
 //! | `handlers.rs` | the handlers, plain axum |
 //! | `auth.rs` | the user the handle's user resolver reads |
 //! | `data.rs`, `memory.rs`, `sql/`, `model.rs` | the tables, in memory or on SQL; payments through the state-machine guard |
-//! | `prometheus.rs` | `GET /metrics` |
+//! | `events.rs` | the `order.created` event `POST /orders` enqueues in the outbox (SQL only), for the `relay` binary to publish |
+//! | `prometheus.rs` | `GET /metrics` (the app's, and the relay's with `--metrics-listen`) |
 //! | `chaos.rs` | test fixture only: handler call counts and `X-Chaos-*` headers |
 //!
 //! ```no_run
@@ -27,6 +28,7 @@
 mod auth;
 mod chaos;
 mod data;
+mod events;
 mod handlers;
 mod memory;
 mod model;
@@ -49,11 +51,12 @@ use metrics_exporter_prometheus::PrometheusHandle;
 pub use auth::{UserId, demo_auth};
 pub use chaos::Calls;
 pub use data::{Data, Writer};
+pub use events::{ORDER_CREATED_SUBJECT, ORDERS_STREAM, OrderCreated, event_id, order_created};
 pub use memory::Db;
 pub use model::{NewOrder, Order, Payment, PaymentState, STARTING_BALANCE_CENTS, TransitionError};
 pub use prometheus::{
-    CLAIM_SECONDS_BUCKETS, TIER_COUNTERS, install_prometheus, prometheus_recorder,
-    register_tier_counters,
+    CLAIM_SECONDS_BUCKETS, TIER_COUNTERS, install_prometheus, metrics_router, prometheus_recorder,
+    register_outbox_metrics, register_tier_counters,
 };
 pub use routes::{CALLBACK_KEY, ORDER_KEY, Wiring};
 pub use sql::OrdersSql;
@@ -129,17 +132,17 @@ impl App {
                 Some(gate) => (Idempotency::builder(gate), None),
                 None => (Idempotency::builder(MemoryStore::new()), None),
             },
-            Data::Postgres(pool) => {
+            Data::Postgres { pool, .. } => {
                 let store = PgStore::new(pool.clone());
                 store.migrate().await?;
                 with_gate(store, gate)
             }
-            Data::MySql(pool) => {
+            Data::MySql { pool, .. } => {
                 let store = MySqlStore::new(pool.clone());
                 store.migrate().await?;
                 with_gate(store, gate)
             }
-            Data::Sqlite(pool) => {
+            Data::Sqlite { pool, .. } => {
                 let store = SqliteStore::new(pool.clone());
                 store.migrate().await?;
                 with_gate(store, gate)

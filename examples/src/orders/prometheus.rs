@@ -1,11 +1,15 @@
 //! `GET /metrics` and the Prometheus recorder behind it: what the `orders`
 //! binary installs so that idem's metrics (requests by outcome and route,
 //! claim latency, lease renewals, the tiered store's counters) are served
-//! next to the app's own (README.md, "Metrics").
+//! next to the app's own (README.md, "Metrics"), and what the `relay`
+//! binary serves with `--metrics-listen` ([`metrics_router`]): the outbox
+//! relay's published and retried events by topic, its lag and its purges.
 
+use axum::Router;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
+use axum::routing::get;
 use metrics::Unit;
 use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
@@ -89,7 +93,65 @@ pub fn install_prometheus() -> Result<PrometheusHandle, BoxError> {
     for (name, help) in TIER_COUNTERS {
         metrics::describe_counter!(*name, *help);
     }
+    describe_outbox_metrics();
     Ok(handle)
+}
+
+/// The outbox relay's metrics (idem's `Relay` records them).
+fn describe_outbox_metrics() {
+    metrics::describe_counter!(
+        "idem_outbox_published_total",
+        "Outbox events published and marked sent, by topic."
+    );
+    metrics::describe_counter!(
+        "idem_outbox_retried_total",
+        "Outbox event publishes that failed and were put back for a retry, by topic."
+    );
+    metrics::describe_gauge!(
+        "idem_outbox_lag_seconds",
+        Unit::Seconds,
+        "Age of the oldest unsent outbox event, as of the relay's last look (every idle pass, every second while busy)."
+    );
+    metrics::describe_counter!(
+        "idem_outbox_already_stored_total",
+        "Outbox event publishes the broker had already stored (a re-publish its deduplication caught), by topic."
+    );
+    metrics::describe_counter!(
+        "idem_outbox_lease_lost_total",
+        "Outbox events published after another relay had taken their lease over, by topic."
+    );
+    metrics::describe_counter!(
+        "idem_outbox_purged_total",
+        "Sent outbox events deleted once old enough."
+    );
+}
+
+/// Reports the relay's counters for `topic` at 0, so that they exist
+/// before their first event: call it once, after installing the recorder.
+pub fn register_outbox_metrics(topic: &str) {
+    for name in [
+        "idem_outbox_published_total",
+        "idem_outbox_retried_total",
+        "idem_outbox_already_stored_total",
+        "idem_outbox_lease_lost_total",
+    ] {
+        metrics::counter!(name, "topic" => topic.to_owned()).increment(0);
+    }
+    metrics::counter!("idem_outbox_purged_total").increment(0);
+}
+
+/// `GET /metrics` alone, rendering `handle`: for a process with no other
+/// routes (the `relay` binary).
+pub fn metrics_router(handle: PrometheusHandle) -> Router {
+    Router::new().route(
+        "/metrics",
+        get(async move || {
+            (
+                [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                handle.render(),
+            )
+        }),
+    )
 }
 
 /// Reports the tiered store's counters at 0, so that they exist before

@@ -1,12 +1,13 @@
 //! An `orders` process for tests that need the real binary: a crash, or
-//! several instances sharing the stores.
+//! several instances sharing the stores; and [`Spawned`], any other process
+//! a test starts, waits for, reads and kills.
 
 // Each test binary that includes this module uses a part of it.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -77,6 +78,73 @@ impl Orders {
 }
 
 impl Drop for Orders {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A process started by a test: what it said on stderr is kept, so a test
+/// can count log lines (before and after a kill).
+pub(crate) struct Spawned {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Spawned {
+    /// Starts `command` and waits (up to a minute) until a line of its
+    /// stderr contains `ready`.
+    pub(crate) fn start(mut command: Command, ready: &str) -> Self {
+        let mut child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|err| panic!("start {command:?}: {err}"));
+        let stderr = child.stderr.take().expect("piped stderr");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn({
+            let (lines, ready) = (lines.clone(), ready.to_owned());
+            move || {
+                // Keep reading so the child never blocks on a full pipe.
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    let is_ready = line.contains(&ready);
+                    lines.lock().expect("lines").push(line);
+                    if is_ready {
+                        let _ = tx.send(());
+                    }
+                }
+            }
+        });
+        if let Err(err) = rx.recv_timeout(Duration::from_secs(60)) {
+            let said = lines.lock().expect("lines").join("\n");
+            panic!("{command:?} did not say {ready:?} ({err}); it said:\n{said}");
+        }
+        Self { child, lines }
+    }
+
+    /// How many of its stderr lines so far contain `needle`.
+    pub(crate) fn count(&self, needle: &str) -> usize {
+        let lines = self.lines.lock().expect("lines");
+        lines.iter().filter(|line| line.contains(needle)).count()
+    }
+
+    /// The rest of its first stderr line that starts with `prefix`.
+    pub(crate) fn said(&self, prefix: &str) -> Option<String> {
+        let lines = self.lines.lock().expect("lines");
+        lines
+            .iter()
+            .find_map(|line| line.strip_prefix(prefix).map(str::to_owned))
+    }
+
+    /// SIGKILL, and reap it. What it said stays readable.
+    pub(crate) fn kill_9(&mut self) {
+        let _ = self.child.kill();
+        self.child.wait().expect("reap");
+    }
+}
+
+impl Drop for Spawned {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

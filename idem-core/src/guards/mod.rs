@@ -123,7 +123,7 @@ pub use lock::{KeepAlive, LockGuard, RedisLock};
     doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
 )]
 pub use outbox::{
-    DEFAULT_OUTBOX_TABLE, Enqueued, Event, Outbox, Pass, PendingEvent, Publisher, Relay,
+    DEFAULT_OUTBOX_TABLE, Enqueued, Event, Outbox, Pass, PendingEvent, Published, Publisher, Relay,
 };
 #[cfg(all(feature = "sql", feature = "nats"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]

@@ -59,7 +59,7 @@ pub use event::{Enqueued, Event, PendingEvent};
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub use nats::{EVENT_KEY_HEADER, JetStreamPublisher};
-pub use relay::{Pass, Publisher, Relay};
+pub use relay::{Pass, Published, Publisher, Relay};
 
 /// The table [`Outbox`] keeps its events in unless told otherwise; its
 /// claim lock is the same name with `_lock` appended.

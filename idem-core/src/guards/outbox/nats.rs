@@ -5,7 +5,7 @@ use async_nats::header::NATS_MESSAGE_ID;
 use async_nats::jetstream;
 
 use super::event::PendingEvent;
-use super::relay::Publisher;
+use super::relay::{Published, Publisher};
 use crate::BoxError;
 use crate::store::BoxFuture;
 
@@ -47,7 +47,10 @@ impl JetStreamPublisher {
 }
 
 impl Publisher for JetStreamPublisher {
-    fn publish<'a>(&'a self, pending: &'a PendingEvent) -> BoxFuture<'a, Result<(), BoxError>> {
+    fn publish<'a>(
+        &'a self,
+        pending: &'a PendingEvent,
+    ) -> BoxFuture<'a, Result<Published, BoxError>> {
         Box::pin(async move {
             let event = pending.event();
             let mut headers = HeaderMap::new();
@@ -63,8 +66,9 @@ impl Publisher for JetStreamPublisher {
                 .await?;
             if ack.duplicate {
                 tracing::debug!(event = event.id(), "JetStream had this event already");
+                return Ok(Published::AlreadyStored);
             }
-            Ok(())
+            Ok(Published::Stored)
         })
     }
 }

@@ -19,6 +19,25 @@ use crate::{BoxError, Error};
 /// broker has *stored* the event (its publish acknowledgement), never
 /// sooner; an `Err` makes the relay retry the event later.
 ///
+/// ```
+/// use idem_core::BoxError;
+/// use idem_core::guards::{PendingEvent, Published, Publisher};
+/// use idem_core::store::BoxFuture;
+///
+/// /// Prints instead of publishing.
+/// struct Stdout;
+///
+/// impl Publisher for Stdout {
+///     fn publish<'a>(&'a self, pending: &'a PendingEvent) -> BoxFuture<'a, Result<Published, BoxError>> {
+///         Box::pin(async move {
+///             let event = pending.event();
+///             println!("{} {} {}", event.topic(), event.id(), String::from_utf8_lossy(event.payload()));
+///             Ok(Published::Stored)
+///         })
+///     }
+/// }
+/// ```
+///
 /// Publish with [`Event::id`](super::Event::id) as the broker's
 /// deduplication id where it has one, so that a re-publish (a relay that
 /// died between the acknowledgement and marking the event sent) is dropped
@@ -27,7 +46,19 @@ use crate::{BoxError, Error};
 /// (feature `nats`) is one.
 pub trait Publisher: Send + Sync + 'static {
     /// Publishes `event` and waits for the broker's acknowledgement.
-    fn publish<'a>(&'a self, event: &'a PendingEvent) -> BoxFuture<'a, Result<(), BoxError>>;
+    fn publish<'a>(&'a self, event: &'a PendingEvent)
+    -> BoxFuture<'a, Result<Published, BoxError>>;
+}
+
+/// What the broker said to a publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Published {
+    /// It stored the event.
+    Stored,
+    /// It had the event already (its deduplication caught a re-publish by
+    /// a relay that died, or lost its lease, between the acknowledgement and
+    /// marking the event sent): nothing new was stored.
+    AlreadyStored,
 }
 
 /// What one [`Relay::run_once`] did.
@@ -38,6 +69,8 @@ pub struct Pass {
     pub claimed: usize,
     /// Events published and marked sent.
     pub published: usize,
+    /// Of those, events the broker had already ([`Published::AlreadyStored`]).
+    pub already_stored: usize,
     /// Events whose publish failed, put back for a retry after a backoff.
     pub retried: usize,
     /// Events published whose lease another relay had taken over meanwhile
@@ -212,16 +245,25 @@ impl<DB: Dialect, P: Publisher> Relay<DB, P> {
                 tracing::warn!(relay = %self.name, "lease nearly over; leaving the rest of the batch");
                 break;
             }
-            let published =
-                tokio::time::timeout(self.publish_timeout, self.publisher.publish(pending)).await;
-            let failure = match published {
-                Ok(Ok(())) => None,
-                Ok(Err(err)) => Some(err.to_string()),
-                Err(_) => Some(format!("no acknowledgement in {:?}", self.publish_timeout)),
+            // Never past the lease: a publish still waiting then would
+            // overlap the relay that takes the batch over.
+            let timeout = self
+                .publish_timeout
+                .min(stop_at.saturating_duration_since(Instant::now()));
+            let published = tokio::time::timeout(timeout, self.publisher.publish(pending)).await;
+            let outcome = match published {
+                Ok(Ok(published)) => Ok(published),
+                Ok(Err(err)) => Err(err.to_string()),
+                Err(_) => Err(format!("no acknowledgement in {timeout:?}")),
             };
             let topic = event.topic().to_owned();
-            match failure {
-                None => {
+            match outcome {
+                Ok(published) => {
+                    if published == Published::AlreadyStored {
+                        pass.already_stored += 1;
+                        metrics::counter!("idem_outbox_already_stored_total", "topic" => topic.clone())
+                            .increment(1);
+                    }
                     if self.outbox.mark_sent(&claimed.token, pending.seq()).await? {
                         pass.published += 1;
                         metrics::counter!("idem_outbox_published_total", "topic" => topic)
@@ -229,10 +271,12 @@ impl<DB: Dialect, P: Publisher> Relay<DB, P> {
                     } else {
                         pass.lease_lost += 1;
                         held_back.insert(event.key());
+                        metrics::counter!("idem_outbox_lease_lost_total", "topic" => topic)
+                            .increment(1);
                         tracing::warn!(relay = %self.name, event = event.id(), "published after the lease was taken over");
                     }
                 }
-                Some(error) => {
+                Err(error) => {
                     let delay = self.delay(pending.attempts());
                     tracing::warn!(
                         relay = %self.name,
