@@ -7,6 +7,9 @@
 //! and count as absent once it has passed; a shard sweeps its expired
 //! records whenever it has doubled in size since its last sweep, so the work
 //! is a constant per write on average and no thread or timer is needed.
+//! Completed records are also kept in a heap by expiry, so a full shard
+//! evicts the one nearest to its expiry in logarithmic time, one record at
+//! a time, instead of sorting the shard.
 //!
 //! Why not a cache crate: claiming a fresh key and completing it are two
 //! writes of a new entry, and a general-purpose cache pays for its admission
@@ -17,7 +20,8 @@
 //! and when memory runs short, the completed records nearest to their expiry
 //! go first.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -29,9 +33,9 @@ use crate::{
 /// The default capacity: 64 MiB of keys and stored responses.
 pub const DEFAULT_MAX_BYTES: u64 = 64 * 1024 * 1024;
 
-/// What a record costs besides its key and response: the entry, the record
-/// and the map's own slot, roughly.
-const ENTRY_OVERHEAD: u64 = 96;
+/// What a record costs besides its key and response: the entry, the record,
+/// the map's own slot and its place in the expiry heap, roughly.
+const ENTRY_OVERHEAD: u64 = 128;
 /// A shard sweeps its expired records when it holds twice as many as after
 /// its last sweep, and never below this many.
 const MIN_SWEEP_LEN: usize = 64;
@@ -44,10 +48,11 @@ const MIN_SWEEP_LEN: usize = 64;
 /// full, it first drops expired records, then the completed records nearest
 /// to their expiry (in-flight claims are never dropped), which forgets those
 /// keys early: give it room for a retention period's worth of responses, or
-/// use a SQL store. Sweeping and evicting run on the write that finds a shard
-/// due, under that shard's lock, and take time in proportion to the shard
-/// (a 64th of the store on a machine with 16 CPUs or more): that write, and
-/// others waiting on the same shard, pay for it. Clones share the records.
+/// use a SQL store. Evicting takes time in proportion to the logarithm of
+/// the shard per record evicted; sweeping expired records runs on the write
+/// that finds a shard doubled since its last sweep, under that shard's lock,
+/// and takes time in proportion to the shard (a 64th of the store on a
+/// machine with 16 CPUs or more). Clones share the records.
 ///
 /// ```
 /// use idem_core::MemoryStore;
@@ -69,7 +74,11 @@ struct Inner {
 
 #[derive(Default)]
 struct Shard {
-    records: HashMap<Box<str>, Entry>,
+    records: HashMap<Arc<str>, Entry>,
+    /// Completed records by expiry, nearest first: what eviction takes.
+    /// An item whose record has since changed (taken over after expiring)
+    /// is stale, and skipped when it comes up; sweeps drop the expired ones.
+    by_expiry: BinaryHeap<Reverse<(Instant, Arc<str>)>>,
     /// The weight of every record held, expired ones included.
     bytes: u64,
     /// Sweep when the shard holds more records than this.
@@ -126,7 +135,7 @@ impl Shard {
     /// Adds `entry` under `key`, which the shard does not hold.
     fn insert(&mut self, key: &str, entry: Entry) {
         self.bytes += entry.weight;
-        self.records.insert(key.into(), entry);
+        self.records.insert(Arc::from(key), entry);
         if self.records.len() > self.sweep_above {
             self.sweep(Instant::now());
         }
@@ -150,47 +159,58 @@ impl Shard {
         });
         self.bytes -= freed;
         self.sweep_above = (self.records.len() * 2).max(MIN_SWEEP_LEN);
+        while self
+            .by_expiry
+            .peek()
+            .is_some_and(|Reverse((expires_at, _))| *expires_at <= now)
+        {
+            self.by_expiry.pop();
+        }
+    }
+
+    /// Lists the completed record of `key`, which expires at `expires_at`,
+    /// for eviction.
+    fn list_for_eviction(&mut self, key: &str, expires_at: Instant) {
+        if let Some((key, _)) = self.records.get_key_value(key) {
+            self.by_expiry.push(Reverse((expires_at, key.clone())));
+        }
     }
 
     /// Brings the shard under `budget`: expired records first, then the
-    /// completed ones nearest to their expiry, down to 7/8 of the budget so
-    /// the work is not repeated on the next write. `keep` (the record just
-    /// written) and in-flight claims stay.
+    /// completed ones nearest to their expiry, one at a time. `keep` (the
+    /// record just written) and in-flight claims stay.
     fn fit(&mut self, budget: u64, keep: &str, now: Instant) {
         if self.bytes <= budget {
             return;
         }
-        self.sweep(now);
-        if self.bytes <= budget {
-            return;
+        if self
+            .by_expiry
+            .peek()
+            .is_some_and(|Reverse((expires_at, _))| *expires_at <= now)
+        {
+            self.sweep(now);
         }
-        let target = budget - budget / 8;
-        let mut candidates: Vec<(Instant, u64)> = self
-            .records
-            .iter()
-            .filter(|(key, entry)| entry.completed() && &***key != keep)
-            .map(|(_, entry)| (entry.expires_at, entry.weight))
-            .collect();
-        candidates.sort_unstable_by_key(|&(expires_at, _)| expires_at);
-        let mut excess = self.bytes - target;
-        let mut cutoff = None;
-        for (expires_at, weight) in candidates {
-            cutoff = Some(expires_at);
-            excess = excess.saturating_sub(weight);
-            if excess == 0 {
+        let mut kept = None;
+        while self.bytes > budget {
+            let Some(Reverse((expires_at, key))) = self.by_expiry.pop() else {
                 break;
+            };
+            if &*key == keep {
+                kept = Some(Reverse((expires_at, key)));
+                continue;
+            }
+            // Stale unless the record is still the completed one listed.
+            if let Some(entry) = self.records.get(&key)
+                && entry.completed()
+                && entry.expires_at == expires_at
+            {
+                self.bytes -= entry.weight;
+                self.records.remove(&key);
             }
         }
-        let Some(cutoff) = cutoff else { return };
-        let mut freed = 0;
-        self.records.retain(|key, entry| {
-            let evict = entry.completed() && entry.expires_at <= cutoff && &**key != keep;
-            if evict {
-                freed += entry.weight;
-            }
-            !evict
-        });
-        self.bytes -= freed;
+        if let Some(kept) = kept {
+            self.by_expiry.push(kept);
+        }
     }
 }
 
@@ -244,7 +264,9 @@ impl MemoryStore {
         let entry = held(&mut shard.records, key, owner, now)?;
         match next(entry.record.fingerprint(), now) {
             Some(next) => {
+                let expires_at = next.expires_at;
                 replace(&mut shard.bytes, entry, next);
+                shard.list_for_eviction(key, expires_at);
                 shard.fit(self.inner.shard_budget, key, now);
             }
             None => shard.remove(key),
@@ -256,7 +278,7 @@ impl MemoryStore {
 /// The live in-flight record of `key` if `owner` holds it: what every
 /// owner-fenced transition starts from.
 fn held<'a>(
-    records: &'a mut HashMap<Box<str>, Entry>,
+    records: &'a mut HashMap<Arc<str>, Entry>,
     key: &str,
     owner: &OwnerToken,
     now: Instant,
