@@ -14,13 +14,15 @@ use axum::routing::post;
 use axum::{Json, Router};
 use axum_idempotent::{IdempotentLayer, IdempotentOptions};
 use idem_tower::core::redis::redis;
-use idem_tower::core::sql::sqlx::postgres::PgPoolOptions;
+use idem_tower::core::sql::sqlx::postgres::{PgConnection, PgPoolOptions};
 use idem_tower::core::sql::sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions,
 };
-use idem_tower::core::sql::sqlx::{PgPool, SqlitePool};
+use idem_tower::core::sql::sqlx::{self, PgPool, Postgres, SqlitePool};
 use idem_tower::store::IdempotencyStore;
-use idem_tower::{Idempotency, MemoryStore, PgStore, RedisStore, SqliteStore, TieredStore};
+use idem_tower::{
+    HandlerRan, Idempotency, MemoryStore, PgStore, RedisStore, SqliteStore, TieredStore, Tx,
+};
 use ruts::store::Ttl;
 use ruts::store::moka::MokaStore;
 use ruts::{CookieOptions, Session, SessionLayer};
@@ -53,7 +55,33 @@ pub(crate) enum Kind {
     Tiered { url: String, pool: u32 },
     /// axum-idempotent, set up as its README shows.
     Peer,
+    /// The orders endpoint (an order row and a balance debit in one
+    /// PostgreSQL transaction), without idempotency.
+    OrdersBare { url: String, pool: u32 },
+    /// The orders endpoint writing through idem's `Tx` on PostgreSQL, in
+    /// transactional mode.
+    OrdersPg { url: String, pool: u32 },
+    /// The same behind the Redis gate (`TieredStore`), transactional.
+    OrdersTiered { url: String, pool: u32 },
 }
+
+impl Kind {
+    /// Whether this is the orders endpoint, whose body names an account.
+    pub(crate) fn orders(&self) -> bool {
+        matches!(
+            self,
+            Self::OrdersBare { .. } | Self::OrdersPg { .. } | Self::OrdersTiered { .. }
+        )
+    }
+}
+
+/// The orders endpoint's accounts; seeded by [`prepare_orders`].
+const ACCOUNTS_TABLE: &str = "bench_accounts";
+/// The orders endpoint's orders; emptied by [`prepare_orders`].
+const ORDERS_TABLE: &str = "bench_orders";
+/// Every account's balance at the start (orders may overdraw it: the
+/// debit is a plain relative update, with no check).
+const STARTING_BALANCE_CENTS: i64 = 1_000_000_000;
 
 /// Connections the scenarios share.
 #[derive(Clone)]
@@ -68,6 +96,8 @@ pub(crate) struct Env {
 struct AppState {
     calls: Arc<AtomicUsize>,
     redis: Option<Counted>,
+    /// The bare orders endpoint's pool.
+    pg: Option<PgPool>,
     /// Simulated work in the handler (zero under load).
     delay: Duration,
 }
@@ -130,6 +160,142 @@ fn created(order_id: usize, order: Order) -> impl IntoResponse {
             amount_cents: order.amount_cents,
         }),
     )
+}
+
+/// The orders endpoint's body: [`Order`] for one account.
+#[derive(Deserialize)]
+struct AccountOrder {
+    account: i32,
+    sku: String,
+    qty: i32,
+    amount_cents: i64,
+}
+
+#[derive(Serialize)]
+struct Placed {
+    order_id: i64,
+    account: i32,
+    sku: String,
+    qty: i32,
+    amount_cents: i64,
+    balance_cents: i64,
+}
+
+/// Creates the orders endpoint's tables if missing, empties the orders and
+/// gives `accounts` accounts their starting balance.
+pub(crate) async fn prepare_orders(pool: &PgPool, accounts: u32) -> Result<(), String> {
+    let schema = format!(
+        "CREATE TABLE IF NOT EXISTS {ACCOUNTS_TABLE} (
+             account_id INTEGER PRIMARY KEY, balance_cents BIGINT NOT NULL);
+         CREATE TABLE IF NOT EXISTS {ORDERS_TABLE} (
+             order_id BIGSERIAL PRIMARY KEY, account_id INTEGER NOT NULL,
+             sku TEXT NOT NULL, qty INTEGER NOT NULL, amount_cents BIGINT NOT NULL,
+             balance_cents BIGINT NOT NULL);
+         TRUNCATE {ACCOUNTS_TABLE}, {ORDERS_TABLE} RESTART IDENTITY;"
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(schema))
+        .execute(pool)
+        .await
+        .map_err(|e| format!("the orders tables: {e}"))?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {ACCOUNTS_TABLE} (account_id, balance_cents) \
+         SELECT a, $1 FROM generate_series(0, $2 - 1) AS a"
+    )))
+    .bind(STARTING_BALANCE_CENTS)
+    .bind(i64::from(accounts.max(1)))
+    .execute(pool)
+    .await
+    .map_err(|e| format!("the orders accounts: {e}"))?;
+    Ok(())
+}
+
+/// The orders endpoint's writes, on `conn` (inside a transaction): debits
+/// the account (a relative update) and inserts the order.
+async fn place_order(conn: &mut PgConnection, order: AccountOrder) -> Result<Placed, sqlx::Error> {
+    let balance_cents: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "UPDATE {ACCOUNTS_TABLE} SET balance_cents = balance_cents - $1 \
+         WHERE account_id = $2 RETURNING balance_cents"
+    )))
+    .bind(order.amount_cents)
+    .bind(order.account)
+    .fetch_one(&mut *conn)
+    .await?;
+    let order_id: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {ORDERS_TABLE} (account_id, sku, qty, amount_cents, balance_cents) \
+         VALUES ($1, $2, $3, $4, $5) RETURNING order_id"
+    )))
+    .bind(order.account)
+    .bind(&order.sku)
+    .bind(order.qty)
+    .bind(order.amount_cents)
+    .bind(balance_cents)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(Placed {
+        order_id,
+        account: order.account,
+        sku: order.sku,
+        qty: order.qty,
+        amount_cents: order.amount_cents,
+        balance_cents,
+    })
+}
+
+fn placed(
+    placed: Placed,
+) -> (
+    StatusCode,
+    [(header::HeaderName, HeaderValue); 1],
+    Json<Placed>,
+) {
+    let location =
+        HeaderValue::try_from(format!("/orders/{}", placed.order_id)).expect("a valid header");
+    (
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(placed),
+    )
+}
+
+/// The orders endpoint without idempotency: its writes in a transaction of
+/// its own, committed before it answers.
+async fn create_order_sql(
+    State(state): State<AppState>,
+    Json(order): Json<AccountOrder>,
+) -> axum::response::Response {
+    state.calls.fetch_add(1, Ordering::Relaxed);
+    let pool = state.pg.as_ref().expect("the orders endpoint's pool");
+    let result = async {
+        let mut tx = pool.begin().await?;
+        let done = place_order(&mut tx, order).await?;
+        if !state.delay.is_zero() {
+            tokio::time::sleep(state.delay).await;
+        }
+        tx.commit().await?;
+        Ok::<_, sqlx::Error>(done)
+    }
+    .await;
+    match result {
+        Ok(done) => placed(done).into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+/// The orders endpoint writing through the idempotency claim's own
+/// transaction: the layer commits the writes with the stored response.
+async fn create_order_tx(
+    State(state): State<AppState>,
+    mut tx: Tx<Postgres>,
+    Json(order): Json<AccountOrder>,
+) -> Result<(HandlerRan, impl IntoResponse), StatusCode> {
+    state.calls.fetch_add(1, Ordering::Relaxed);
+    let done = place_order(&mut tx, order)
+        .await
+        .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+    if !state.delay.is_zero() {
+        tokio::time::sleep(state.delay).await;
+    }
+    Ok((HandlerRan, placed(done)))
 }
 
 /// axum-idempotent only caches for a request that already has a session;
@@ -228,6 +394,7 @@ async fn build(kind: Kind, env: Env, delay: Duration) -> Result<Built, String> {
     let mut state = AppState {
         calls: Arc::clone(&calls),
         redis: None,
+        pg: None,
         delay,
     };
     let (app, pg, sqlite) = match kind {
@@ -294,6 +461,30 @@ async fn build(kind: Kind, env: Env, delay: Duration) -> Result<Built, String> {
                 .layer(CookieManagerLayer::new());
             (app, None, None)
         }
+        Kind::OrdersBare { url, pool } => {
+            let pool = pg_pool(&url, pool).await?;
+            state.pg = Some(pool.clone());
+            (
+                Router::new().route("/orders", post(create_order_sql)),
+                Some(pool),
+                None,
+            )
+        }
+        Kind::OrdersPg { url, pool } => {
+            let store = orders_store(&url, pool).await?;
+            let pool = store.pool().clone();
+            (orders_router(store)?, Some(pool), None)
+        }
+        Kind::OrdersTiered { url, pool } => {
+            let truth = orders_store(&url, pool).await?;
+            let pool = truth.pool().clone();
+            let gate = RedisStore::new(redis_connection(&env).await?);
+            (
+                orders_router(TieredStore::new(gate, truth))?,
+                Some(pool),
+                None,
+            )
+        }
     };
     Ok((app.with_state(state), calls, pg, sqlite))
 }
@@ -304,13 +495,40 @@ fn idem_router(store: impl IdempotencyStore) -> Result<Router<AppState>, String>
     Ok(Router::new().route("/orders", post(create_order).layer(layer)))
 }
 
-async fn pg_store(url: &str, pool: u32) -> Result<PgStore, String> {
-    let pool = PgPoolOptions::new()
+/// The orders endpoint behind idem in transactional mode, keyed as every
+/// idem scenario, the handler marking its responses (`HandlerRan`).
+fn orders_router(store: impl IdempotencyStore) -> Result<Router<AppState>, String> {
+    let idem = Idempotency::builder(store).build();
+    let layer = idem
+        .layer_with_key(TEMPLATE)
+        .map_err(|e| e.to_string())?
+        .require_handler_ran()
+        .transactional()
+        .map_err(|e| e.to_string())?;
+    Ok(Router::new().route("/orders", post(create_order_tx).layer(layer)))
+}
+
+async fn pg_pool(url: &str, pool: u32) -> Result<PgPool, String> {
+    PgPoolOptions::new()
         .max_connections(pool)
         .connect(url)
         .await
-        .map_err(|e| format!("PostgreSQL at {url}: {e}"))?;
-    Ok(PgStore::new(pool))
+        .map_err(|e| format!("PostgreSQL at {url}: {e}"))
+}
+
+async fn pg_store(url: &str, pool: u32) -> Result<PgStore, String> {
+    Ok(PgStore::new(pg_pool(url, pool).await?))
+}
+
+/// A `PgStore` that may hold every connection of its pool in open claims,
+/// as many transactions at once as the bare endpoint runs on the same pool
+/// (by default it holds at most half, leaving the rest for reads through
+/// the pool, which this handler does not make).
+async fn orders_store(url: &str, pool: u32) -> Result<PgStore, String> {
+    PgStore::builder(pg_pool(url, pool).await?)
+        .max_transactions(pool as usize)
+        .build()
+        .map_err(|e| e.to_string())
 }
 
 async fn redis_connection(env: &Env) -> Result<Counted, String> {

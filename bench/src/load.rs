@@ -2,6 +2,7 @@
 //! loopback, one request in flight per connection (no pipelining), latency
 //! recorded per request in an HDR histogram.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,8 +17,43 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::sync::Barrier;
 
-/// The request body every scenario sends.
+/// The request body every scenario sends but the orders endpoint's.
 pub(crate) const ORDER: &str = r#"{"sku":"SKU-0042","qty":2,"amount_cents":1299}"#;
+
+/// The orders endpoint's body: [`ORDER`] for one account.
+pub(crate) fn account_order(account: u32) -> Bytes {
+    Bytes::from(format!(
+        r#"{{"account":{account},"sku":"SKU-0042","qty":2,"amount_cents":1299}}"#
+    ))
+}
+
+/// Which body one connection's requests carry.
+#[derive(Debug, Clone)]
+pub(crate) enum Bodies {
+    /// [`ORDER`] on every request.
+    Order,
+    /// The same body on every request.
+    Fixed(Bytes),
+    /// Orders spread over `accounts` accounts: request `n` (from 1) of
+    /// connection `c` of `conns` is for account `(n * conns + c) % accounts`,
+    /// so the requests in flight at once are for different accounts while
+    /// the connections keep about the same pace.
+    Spread { accounts: u32, conns: u32 },
+}
+
+impl Bodies {
+    fn body(&self, conn: usize, seq: u64) -> Bytes {
+        match self {
+            Self::Order => Bytes::from_static(ORDER.as_bytes()),
+            Self::Fixed(body) => body.clone(),
+            Self::Spread { accounts, conns } => {
+                let n = seq * u64::from(*conns) + conn as u64;
+                // The remainder is below `accounts`, a u32.
+                account_order((n % u64::from((*accounts).max(1))) as u32)
+            }
+        }
+    }
+}
 
 /// Where one connection's `Idempotency-Key` values come from.
 #[derive(Debug, Clone)]
@@ -38,6 +74,12 @@ pub(crate) enum Expect {
 }
 
 impl Expect {
+    fn replay_header(&self) -> &HeaderName {
+        match self {
+            Self::Created { replay_header } | Self::Replayed { replay_header } => replay_header,
+        }
+    }
+
     fn accepts(&self, status: StatusCode, headers: &HeaderMap) -> bool {
         match self {
             Self::Created { replay_header } => {
@@ -55,6 +97,7 @@ impl Expect {
 #[derive(Debug, Clone)]
 pub(crate) struct ConnSpec {
     pub(crate) keys: Keys,
+    pub(crate) bodies: Bodies,
     /// A `Cookie` header (the peer crate's session).
     pub(crate) cookie: Option<HeaderValue>,
 }
@@ -84,6 +127,8 @@ pub(crate) struct Measured {
     pub(crate) total: u64,
     /// Responses that were not what the plan expected (all phases).
     pub(crate) unexpected: u64,
+    /// Their statuses, with a `+r` for those marked as replays.
+    pub(crate) unexpected_by: BTreeMap<String, u64>,
     /// Connection or protocol errors.
     pub(crate) errors: u64,
 }
@@ -98,16 +143,17 @@ fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
 }
 
-/// A `POST /orders` with the order body.
+/// A `POST /orders` with `body`.
 pub(crate) fn order_request(
     key: HeaderValue,
     cookie: Option<&HeaderValue>,
+    body: Bytes,
 ) -> Request<Full<Bytes>> {
     let mut request = Request::post("/orders")
         .header(header::HOST, "127.0.0.1")
         .header(header::CONTENT_TYPE, "application/json")
         .header("idempotency-key", key)
-        .body(Full::new(Bytes::from_static(ORDER.as_bytes())))
+        .body(Full::new(body))
         .expect("a valid request");
     if let Some(cookie) = cookie {
         request.headers_mut().insert(header::COOKIE, cookie.clone());
@@ -188,6 +234,7 @@ pub(crate) async fn run(plan: Plan) -> Measured {
         latency: histogram(),
         total: 0,
         unexpected: 0,
+        unexpected_by: BTreeMap::new(),
         errors: 0,
     };
     let mut last_done = measure_from;
@@ -196,6 +243,9 @@ pub(crate) async fn run(plan: Plan) -> Measured {
         total.requests += one.requests;
         total.total += one.total;
         total.unexpected += one.unexpected;
+        for (status, n) in one.unexpected_by {
+            *total.unexpected_by.entry(status).or_default() += n;
+        }
         total.errors += one.errors;
         total
             .latency
@@ -218,6 +268,7 @@ struct ConnResult {
     requests: u64,
     total: u64,
     unexpected: u64,
+    unexpected_by: BTreeMap<String, u64>,
     errors: u64,
     latency: Histogram<u64>,
     last_measured: Instant,
@@ -236,6 +287,7 @@ async fn connection(
         requests: 0,
         total: 0,
         unexpected: 0,
+        unexpected_by: BTreeMap::new(),
         errors: 0,
         latency: histogram(),
         last_measured: measure_from,
@@ -260,15 +312,13 @@ async fn connection(
                 }
             },
         };
+        seq += 1;
         let key = match &spec.keys {
-            Keys::Unique(prefix) => {
-                seq += 1;
-                HeaderValue::try_from(format!("{prefix}-{index}-{seq}"))
-                    .expect("a visible-ASCII key")
-            }
+            Keys::Unique(prefix) => HeaderValue::try_from(format!("{prefix}-{index}-{seq}"))
+                .expect("a visible-ASCII key"),
             Keys::Fixed(key) => key.clone(),
         };
-        let request = order_request(key, spec.cookie.as_ref());
+        let request = order_request(key, spec.cookie.as_ref(), spec.bodies.body(index, seq));
         let began = Instant::now();
         match exchange(conn, request).await {
             Ok(response) => {
@@ -276,6 +326,13 @@ async fn connection(
                 result.total += 1;
                 if !expect.accepts(response.status(), response.headers()) {
                     result.unexpected += 1;
+                    let replay = response.headers().contains_key(expect.replay_header());
+                    let status = format!(
+                        "{}{}",
+                        response.status().as_u16(),
+                        if replay { "+r" } else { "" }
+                    );
+                    *result.unexpected_by.entry(status).or_default() += 1;
                 }
                 if began >= measure_from && ended <= deadline {
                     result.requests += 1;
@@ -316,13 +373,14 @@ impl Burst {
     }
 }
 
-/// Sends `copies` copies of one request at once, each on a connection of
-/// its own, opened beforehand so that they leave together.
+/// Sends `copies` copies of one request (`body`) at once, each on a
+/// connection of its own, opened beforehand so that they leave together.
 pub(crate) async fn burst(
     addr: SocketAddr,
     copies: usize,
     key: HeaderValue,
     cookie: Option<HeaderValue>,
+    body: Bytes,
     replay_header: HeaderName,
 ) -> Burst {
     let barrier = Arc::new(Barrier::new(copies));
@@ -331,11 +389,12 @@ pub(crate) async fn burst(
             let barrier = Arc::clone(&barrier);
             let key = key.clone();
             let cookie = cookie.clone();
+            let body = body.clone();
             tokio::spawn(async move {
                 let sender = connect(addr).await;
                 barrier.wait().await;
                 let mut sender = sender?;
-                exchange(&mut sender, order_request(key, cookie.as_ref())).await
+                exchange(&mut sender, order_request(key, cookie.as_ref(), body)).await
             })
         })
         .collect();

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
+use bytes::Bytes;
 use clap::Parser;
 use http::{HeaderName, HeaderValue, StatusCode, header};
 use idem_tower::core::conformance::RedisServer;
@@ -32,7 +33,7 @@ use idem_tower::core::sql::sqlx;
 use tokio::runtime::{Handle, Runtime};
 
 use crate::apps::{Env, Kind, Server};
-use crate::load::{ConnSpec, Expect, Keys, Plan};
+use crate::load::{Bodies, ConnSpec, Expect, Keys, Plan};
 use crate::report::{BurstRow, Mode, RedisUse, Row, SqlUse};
 use crate::stats::{PgStats, RedisInfo};
 
@@ -112,8 +113,14 @@ struct Args {
     /// How long the storm's handler runs (inside its transaction).
     #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
     storm_handler: Duration,
+    /// Accounts of the orders endpoint, over which its first requests
+    /// spread their debits.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    orders_accounts: u32,
     /// Run only these scenarios (comma-separated): bare, bare-redis,
-    /// memory, sqlite, postgres, tiered, peer, burst, storm.
+    /// memory, sqlite, postgres, tiered, peer, burst, storm; orders (the
+    /// three orders-endpoint rows), or one of them: orders-bare,
+    /// orders-postgres, orders-tiered.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Measure only these modes of the idem and peer scenarios
@@ -124,7 +131,9 @@ struct Args {
 
 impl Args {
     fn wants(&self, name: &str) -> bool {
-        self.only.is_empty() || self.only.iter().any(|o| o == name)
+        self.only.is_empty()
+            || self.only.iter().any(|o| o == name)
+            || (name.starts_with("orders-") && self.only.iter().any(|o| o == "orders"))
     }
 }
 
@@ -180,7 +189,8 @@ async fn run(args: Args, server_rt: Handle, cpus: usize) -> i32 {
     let before_run = cpu::Sample::now().since(&quiet);
 
     // Redis: a private server, so that its counts are ours alone.
-    let needs_redis = args.wants("bare-redis") || args.wants("tiered");
+    let needs_redis =
+        args.wants("bare-redis") || args.wants("tiered") || args.wants("orders-tiered");
     let private_redis = if needs_redis {
         RedisServer::start(&[])
     } else {
@@ -211,7 +221,17 @@ async fn run(args: Args, server_rt: Handle, cpus: usize) -> i32 {
 
     // PostgreSQL: a database of our own, its records table emptied.
     let pg_url = format!("{}/{}", args.postgres, args.pg_database);
-    let pg = if args.wants("postgres") || args.wants("tiered") || args.wants("storm") {
+    let pg = if [
+        "postgres",
+        "tiered",
+        "storm",
+        ORDERS_BARE,
+        ORDERS_PG,
+        ORDERS_TIERED,
+    ]
+    .iter()
+    .any(|name| args.wants(name))
+    {
         match prepare_postgres(&args).await {
             Ok(stats) => Some(stats),
             Err(err) => {
@@ -268,7 +288,7 @@ async fn run(args: Args, server_rt: Handle, cpus: usize) -> i32 {
             }
             jobs.push((label, kind.clone(), mode, redis_use, sql_use));
         }
-        if ctx.args.wants("burst") && name != "bare" && name != "bare-redis" {
+        if ctx.args.wants("burst") && !matches!(name, "bare" | "bare-redis" | ORDERS_BARE) {
             checked.push((label, kind));
         }
     }
@@ -359,6 +379,11 @@ async fn run(args: Args, server_rt: Handle, cpus: usize) -> i32 {
     i32::from(failed)
 }
 
+/// The orders endpoint's selectors (`--only orders` picks all three).
+const ORDERS_BARE: &str = "orders-bare";
+const ORDERS_PG: &str = "orders-postgres";
+const ORDERS_TIERED: &str = "orders-tiered";
+
 type Scenario = (
     &'static str,
     &'static str,
@@ -437,6 +462,39 @@ fn scenarios(ctx: &Ctx) -> Vec<Scenario> {
             RedisUse::None,
             SqlUse::None,
         ),
+        (
+            ORDERS_BARE,
+            report::ORDERS_BARE,
+            Kind::OrdersBare {
+                url: ctx.pg_url.clone(),
+                pool: pg_pool,
+            },
+            vec![Mode::Baseline],
+            RedisUse::None,
+            SqlUse::Postgres,
+        ),
+        (
+            ORDERS_PG,
+            report::ORDERS_PG,
+            Kind::OrdersPg {
+                url: ctx.pg_url.clone(),
+                pool: pg_pool,
+            },
+            both(),
+            RedisUse::None,
+            SqlUse::Postgres,
+        ),
+        (
+            ORDERS_TIERED,
+            report::ORDERS_TIERED,
+            Kind::OrdersTiered {
+                url: ctx.pg_url.clone(),
+                pool: pg_pool,
+            },
+            both(),
+            RedisUse::Counted,
+            SqlUse::Postgres,
+        ),
     ]
 }
 
@@ -462,6 +520,12 @@ async fn prepare_postgres(args: &Args) -> Result<PgStats, String> {
         .execute(&pool)
         .await
         .map_err(|e| format!("TRUNCATE: {e}"))?;
+    if [ORDERS_BARE, ORDERS_PG, ORDERS_TIERED]
+        .iter()
+        .any(|name| args.wants(name))
+    {
+        apps::prepare_orders(&pool, args.orders_accounts).await?;
+    }
     pool.close().await;
     Ok(stats)
 }
@@ -495,18 +559,22 @@ async fn peer_session(
     HeaderValue::try_from(cookie).map_err(|e| e.to_string())
 }
 
-/// Completes `key` with one request and checks that a second is replayed.
+/// Completes `key` with one request (`body`) and checks that a second is
+/// replayed.
 async fn complete_first(
     addr: std::net::SocketAddr,
     key: &HeaderValue,
     cookie: Option<&HeaderValue>,
+    body: &Bytes,
     replay_header: &HeaderName,
 ) -> Result<(), String> {
-    let first = load::send_once(addr, load::order_request(key.clone(), cookie)).await?;
+    let request = load::order_request(key.clone(), cookie, body.clone());
+    let first = load::send_once(addr, request).await?;
     if first.status() != StatusCode::CREATED {
         return Err(format!("the first request answered {}", first.status()));
     }
-    let again = load::send_once(addr, load::order_request(key.clone(), cookie)).await?;
+    let again =
+        load::send_once(addr, load::order_request(key.clone(), cookie, body.clone())).await?;
     let replayed = again
         .headers()
         .get(replay_header)
@@ -532,6 +600,7 @@ async fn measure(
     let peer = matches!(kind, Kind::Peer);
     let probe = matches!(kind, Kind::BareRedisGet);
     let replay_header = if peer { PEER_REPLAYED } else { IDEM_REPLAYED };
+    let (spread, fixed) = bodies(ctx, &kind);
     let pg_before = match (sql_use, &ctx.pg) {
         (SqlUse::Postgres, Some(pg)) => Some(pg.settled().await),
         _ => None,
@@ -566,6 +635,7 @@ async fn measure(
                 .into_iter()
                 .map(|cookie| ConnSpec {
                     keys: Keys::Unique(format!("{}-{tag}", ctx.nonce)),
+                    bodies: spread.clone(),
                     cookie,
                 })
                 .collect(),
@@ -573,10 +643,11 @@ async fn measure(
                 let mut conns = Vec::with_capacity(n);
                 for (i, cookie) in cookies.into_iter().enumerate() {
                     let key = key(format!("dup-{}-{tag}-{i}", ctx.nonce));
-                    complete_first(addr, &key, cookie.as_ref(), &replay_header).await?;
+                    complete_first(addr, &key, cookie.as_ref(), &fixed, &replay_header).await?;
                     setup_requests += 2;
                     conns.push(ConnSpec {
                         keys: Keys::Fixed(key),
+                        bodies: Bodies::Fixed(fixed.clone()),
                         cookie,
                     });
                 }
@@ -584,11 +655,12 @@ async fn measure(
             }
             Mode::Duplicate => {
                 let key = key(format!("dup-{}-{tag}", ctx.nonce));
-                complete_first(addr, &key, None, &replay_header).await?;
+                complete_first(addr, &key, None, &fixed, &replay_header).await?;
                 setup_requests += 2;
                 (0..n)
                     .map(|_| ConnSpec {
                         keys: Keys::Fixed(key.clone()),
+                        bodies: Bodies::Fixed(fixed.clone()),
                         cookie: None,
                     })
                     .collect()
@@ -667,6 +739,22 @@ async fn measure(
     })
 }
 
+/// What `kind`'s requests carry: under load with fresh keys, and the one
+/// body of a key sent more than once (duplicates, the correctness check).
+/// The orders endpoint's name an account: spread over all of them, or the
+/// first.
+fn bodies(ctx: &Ctx, kind: &Kind) -> (Bodies, Bytes) {
+    if kind.orders() {
+        let spread = Bodies::Spread {
+            accounts: ctx.args.orders_accounts,
+            conns: u32::try_from(ctx.args.connections).unwrap_or(u32::MAX),
+        };
+        (spread, load::account_order(0))
+    } else {
+        (Bodies::Order, Bytes::from_static(load::ORDER.as_bytes()))
+    }
+}
+
 async fn seed_probe(ctx: &Ctx) -> Result<(), String> {
     let Some(mut conn) = ctx.redis_info.clone() else {
         return Err("no Redis".into());
@@ -698,6 +786,7 @@ async fn burst_rounds(
     delay: Duration,
 ) -> Result<BurstRow, String> {
     let peer = matches!(kind, Kind::Peer);
+    let (_, body) = bodies(ctx, &kind);
     let server = Server::start(&ctx.server_rt, kind, ctx.env.clone(), delay).await?;
     let addr = server.addr;
     let tag = label.replace(|c: char| !c.is_ascii_alphanumeric(), "");
@@ -717,6 +806,7 @@ async fn burst_rounds(
                 ctx.args.burst,
                 key(format!("burst-{}-{tag}-{delay:?}-{round}", ctx.nonce)),
                 cookie.clone(),
+                body.clone(),
                 if peer { PEER_REPLAYED } else { IDEM_REPLAYED },
             )
             .await;

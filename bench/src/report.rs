@@ -8,6 +8,12 @@ use crate::Args;
 use crate::cpu::Spent;
 use crate::load::{Burst, Measured};
 
+/// The orders endpoint's rows: an order and a balance debit in one
+/// PostgreSQL transaction; their "vs bare" is against the first.
+pub(crate) const ORDERS_BARE: &str = "orders endpoint, bare";
+pub(crate) const ORDERS_PG: &str = "orders endpoint, idem transactional (PgStore)";
+pub(crate) const ORDERS_TIERED: &str = "orders endpoint, idem transactional behind the Redis gate";
+
 /// What a measurement sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {
@@ -143,7 +149,7 @@ impl Machine {
         let settings = format!(
             "{} connections, {} warm-up + {} measured per row, {} round(s) (each row: the median), \
              server runtime {} worker threads, load generator runtime {} worker threads, \
-             PostgreSQL pool {}, SQLite pool {} (WAL)",
+             PostgreSQL pool {}, SQLite pool {} (WAL), orders endpoint over {} accounts",
             args.connections,
             humantime::format_duration(args.warmup),
             humantime::format_duration(args.duration),
@@ -152,6 +158,7 @@ impl Machine {
             threads(args.client_threads),
             args.pg_pool,
             args.sqlite_pool,
+            args.orders_accounts,
         );
         Self {
             cpus,
@@ -177,6 +184,11 @@ fn ratio(row: &Row, base: Option<&Row>) -> Option<f64> {
     base.map(|b| row.measured.throughput() / b.measured.throughput())
 }
 
+/// Whether `row` is one of the orders endpoint's.
+fn orders(row: &Row) -> bool {
+    [ORDERS_BARE, ORDERS_PG, ORDERS_TIERED].contains(&row.scenario)
+}
+
 fn times(r: Option<f64>) -> String {
     r.map_or("–".to_owned(), |r| format!("{r:.2}x"))
 }
@@ -191,6 +203,7 @@ pub(crate) fn write(
 ) -> io::Result<()> {
     let bare = find(rows, "bare handler", Mode::Baseline);
     let bare_get = find(rows, "bare handler + 1 Redis GET", Mode::Baseline);
+    let orders_bare = find(rows, ORDERS_BARE, Mode::Baseline);
 
     writeln!(
         out,
@@ -203,6 +216,12 @@ pub(crate) fn write(
         "Machine busy in the second before the run: {:.0}%",
         machine.busy_before * 100.0
     )?;
+    if rows.iter().any(orders) {
+        writeln!(
+            out,
+            "The orders endpoint's rows: \"vs bare\" is against the bare orders endpoint (\"{ORDERS_BARE}\")."
+        )?;
+    }
     writeln!(out)?;
     writeln!(
         out,
@@ -214,7 +233,11 @@ pub(crate) fn write(
     )?;
     for row in rows {
         let m = &row.measured;
-        let vs_get = if row.redis.is_some() && row.scenario != "bare handler + 1 Redis GET" {
+        let vs_bare = if orders(row) { orders_bare } else { bare };
+        let vs_get = if row.redis.is_some()
+            && row.scenario != "bare handler + 1 Redis GET"
+            && !orders(row)
+        {
             times(ratio(row, bare_get))
         } else {
             "–".to_owned()
@@ -238,13 +261,32 @@ pub(crate) fn write(
                 .map_or("–".to_owned(), |(lo, hi)| format!("{lo:.0}-{hi:.0}")),
             ms(m.latency.value_at_quantile(0.50)),
             ms(m.latency.value_at_quantile(0.99)),
-            times(ratio(row, bare)),
+            times(ratio(row, vs_bare)),
             vs_get,
             redis,
             sql,
             row.handler_calls,
             bad,
         )?;
+    }
+
+    let bad_rows: Vec<_> = rows
+        .iter()
+        .filter(|r| !r.measured.unexpected_by.is_empty())
+        .collect();
+    if !bad_rows.is_empty() {
+        writeln!(out)?;
+        writeln!(out, "Bad responses by status (`+r`: marked as a replay)")?;
+        writeln!(out)?;
+        for row in bad_rows {
+            let by: Vec<String> = row
+                .measured
+                .unexpected_by
+                .iter()
+                .map(|(status, n)| format!("{status} x {n}"))
+                .collect();
+            writeln!(out, "- {} ({}): {}", row.scenario, row.mode, by.join(", "))?;
+        }
     }
 
     writeln!(out)?;
@@ -402,9 +444,26 @@ pub(crate) fn write(
         tiered_dup.and_then(|r| ratio(r, peer_dup)),
         1.0,
     )?;
+    target(
+        "orders endpoint, idem transactional (PgStore), first requests, vs the bare endpoint",
+        find(rows, ORDERS_PG, Mode::First).and_then(|r| ratio(r, orders_bare)),
+        0.90,
+    )?;
+    target(
+        "orders endpoint, idem transactional behind the Redis gate, first requests, vs the bare endpoint",
+        find(rows, ORDERS_TIERED, Mode::First).and_then(|r| ratio(r, orders_bare)),
+        0.90,
+    )?;
+    target(
+        "orders endpoint, idem transactional behind the Redis gate, duplicates, vs the bare endpoint",
+        find(rows, ORDERS_TIERED, Mode::Duplicate).and_then(|r| ratio(r, orders_bare)),
+        5.0,
+    )?;
     let idem_bursts: Vec<_> = bursts
         .iter()
-        .filter(|b| b.scenario.starts_with("idem"))
+        .filter(|b| {
+            b.scenario.starts_with("idem") || [ORDERS_PG, ORDERS_TIERED].contains(&b.scenario)
+        })
         .collect();
     if !idem_bursts.is_empty() {
         let once = idem_bursts
