@@ -3,7 +3,8 @@
 //! nothing starves. Two app instances (each its own store and a pool of
 //! 4), a 500 ms handler that also reads through the pool, 20 duplicates of
 //! one key split across the instances, 6 distinct keys and an unrelated
-//! read, all at once over loopback HTTP.
+//! read, all at once over loopback HTTP; and a burst of retries of a
+//! completed request, which all replay.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -306,6 +307,65 @@ async fn waiting_duplicates_replay_without_holding_connections() {
         replays += usize::from(replayed);
     }
     assert_eq!(replays, 10);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(effects(&setup, &key).await, 1);
+}
+
+/// A burst of retries of a request that has completed: every copy gets the
+/// replay, none a 409. (The copies meet in this process while one of them
+/// checks the store; they wait for what that check finds, holding nothing,
+/// instead of being told "in flight".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_burst_of_retries_of_a_completed_request_all_replay() {
+    let Some(url) = Backend::Postgres.database_url().await else {
+        return;
+    };
+    let setup = effects_table(&url).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = instance(&url, &runs).await;
+    let key = format!("{}-burst", idem_tests::nonce());
+    let client = reqwest::Client::new();
+    let send = |client: reqwest::Client, app: String, key: String| async move {
+        let response = client
+            .post(format!("{app}/charges"))
+            .header("idempotency-key", &key)
+            .json(&serde_json::json!({ "op": key }))
+            .send()
+            .await
+            .expect("an answer");
+        (
+            response.status(),
+            response.headers().contains_key("idempotent-replayed"),
+        )
+    };
+    let first = send(client.clone(), app.clone(), key.clone()).await;
+    assert_eq!(first, (StatusCode::CREATED, false));
+
+    let copies = 40;
+    let barrier = Arc::new(tokio::sync::Barrier::new(copies));
+    let tasks: Vec<_> = (0..copies)
+        .map(|_| {
+            let (client, barrier, app, key) = (
+                client.clone(),
+                Arc::clone(&barrier),
+                app.clone(),
+                key.clone(),
+            );
+            tokio::spawn(async move {
+                barrier.wait().await;
+                send(client, app, key).await
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.expect("no request task panics"));
+    }
+    let replays = answers
+        .iter()
+        .filter(|&&answer| answer == (StatusCode::CREATED, true))
+        .count();
+    assert_eq!(replays, copies, "every retry replays: {answers:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert_eq!(effects(&setup, &key).await, 1);
 }

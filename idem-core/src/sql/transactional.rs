@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::open::Held;
+use super::open::{Check, Held, Marked};
 use super::{Dialect, SqlStore, TxSlot, key_hash, millis, unavailable};
 use crate::store::{BoxFuture, OpenTransaction, TransactionalStore, TxClaim, TxHandle};
 use crate::{Claim, Duplicate, Error, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
@@ -22,10 +22,26 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
             let in_flight = Ok(TxClaim::Duplicate(Duplicate::InFlight {
                 retry_after: lease,
             }));
-            // A duplicate of a claim this process holds: answered from
-            // memory, without a connection.
-            let Some(mark) = inner.open.mark(hash) else {
-                return in_flight;
+            // A duplicate of a key this process has marked: answered from
+            // memory, without a connection, with what the marking request's
+            // check finds (waited for up to the lock timeout).
+            let mark = match inner.open.mark(hash) {
+                Marked::Mine(mark) => mark,
+                Marked::Theirs(mut check) => {
+                    let checked = tokio::time::timeout(
+                        inner.lock_timeout,
+                        check.wait_for(|check| !matches!(check, Check::Running)),
+                    )
+                    .await;
+                    return match checked.as_ref().map(|c| c.as_deref()) {
+                        Ok(Ok(Check::Answered(of, duplicate))) if of == fingerprint => {
+                            Ok(TxClaim::Duplicate(duplicate.clone()))
+                        }
+                        // Open, gone without an answer, another request's
+                        // answer, or still running: in flight.
+                        _ => in_flight,
+                    };
+                }
             };
             // Our turn among this process's open claims, waited for without a
             // connection.
@@ -68,8 +84,12 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
             // try-lock, and the next claim would be told "in flight" instead
             // of replaying.
             let owner = match claimed {
-                Ok(Ok(owner)) => owner,
+                Ok(Ok(owner)) => {
+                    held.checked(Check::Open);
+                    owner
+                }
                 Ok(Err(duplicate)) => {
+                    held.checked(Check::Answered(*fingerprint, duplicate.clone()));
                     finish(tx).await;
                     return Ok(TxClaim::Duplicate(duplicate));
                 }
