@@ -16,7 +16,7 @@ use axum_idempotent::{IdempotentLayer, IdempotentOptions};
 use idem_tower::core::redis::redis;
 use idem_tower::core::sql::sqlx::postgres::{PgConnection, PgPoolOptions};
 use idem_tower::core::sql::sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions,
+    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
 };
 use idem_tower::core::sql::sqlx::{self, PgPool, Postgres, SqlitePool};
 use idem_tower::store::IdempotencyStore;
@@ -47,8 +47,13 @@ pub(crate) enum Kind {
     BareRedisGet,
     /// idem's layer on the memory store.
     Memory,
-    /// idem's layer on SQLite, in `path`.
-    Sqlite { path: PathBuf, pool: u32 },
+    /// idem's layer on SQLite, in `path`, in WAL mode, syncing the disk at
+    /// every commit (`full`) or at checkpoints only.
+    Sqlite {
+        path: PathBuf,
+        pool: u32,
+        full: bool,
+    },
     /// idem's layer on PostgreSQL.
     Postgres { url: String, pool: u32 },
     /// idem's layer on Redis in front of PostgreSQL.
@@ -412,11 +417,17 @@ async fn build(kind: Kind, env: Env, delay: Duration) -> Result<Built, String> {
             )
         }
         Kind::Memory => (idem_router(MemoryStore::new())?, None, None),
-        Kind::Sqlite { path, pool } => {
+        Kind::Sqlite { path, pool, full } => {
+            let synchronous = if full {
+                SqliteSynchronous::Full
+            } else {
+                SqliteSynchronous::Normal
+            };
             let options = SqliteConnectOptions::new()
                 .filename(&path)
                 .create_if_missing(true)
                 .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(synchronous)
                 .busy_timeout(Duration::from_secs(5));
             let pool = SqlitePoolOptions::new()
                 .max_connections(pool)

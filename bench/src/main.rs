@@ -423,10 +423,23 @@ fn scenarios(ctx: &Ctx) -> Vec<Scenario> {
         ),
         (
             "sqlite",
-            "idem: SQLite",
+            "idem: SQLite (synchronous FULL)",
             Kind::Sqlite {
-                path: ctx.sqlite_dir.join("records.db"),
+                path: ctx.sqlite_dir.join("records-full.db"),
                 pool: ctx.args.sqlite_pool,
+                full: true,
+            },
+            both(),
+            RedisUse::None,
+            SqlUse::Sqlite,
+        ),
+        (
+            "sqlite",
+            "idem: SQLite (synchronous NORMAL)",
+            Kind::Sqlite {
+                path: ctx.sqlite_dir.join("records-normal.db"),
+                pool: ctx.args.sqlite_pool,
+                full: false,
             },
             both(),
             RedisUse::None,

@@ -7,7 +7,7 @@ use idem_tower::core::sql::sqlx::{
     self, MySqlPool, PgPool, SqlitePool,
     mysql::MySqlPoolOptions,
     postgres::PgPoolOptions,
-    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions},
+    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
 };
 
 /// A pool on one of the three databases.
@@ -17,13 +17,22 @@ pub enum SqlPool {
     Postgres(PgPool),
     /// `mysql://...` or `mariadb://...`.
     MySql(MySqlPool),
-    /// `sqlite://PATH`, created if missing, in WAL mode.
+    /// `sqlite://PATH`, created if missing, in WAL mode; see
+    /// [`SqlPool::connect`] for `?synchronous=`.
     Sqlite(SqlitePool),
 }
 
 impl SqlPool {
     /// Connects to `url` with up to `max_connections` (SQLite, one writer at
     /// a time, gets at most 8).
+    ///
+    /// SQLite runs in WAL mode with `synchronous = NORMAL` unless the URL
+    /// ends in `?synchronous=full`. NORMAL does not sync the disk at every
+    /// commit, only at checkpoints: a commit survives the process crashing
+    /// (`kill -9`, a panic, running out of memory), but an operating system
+    /// crash or a power loss may lose the last commits, idempotency records
+    /// included, so a retry after one could run again. FULL syncs every
+    /// commit and survives both, at several times the cost per write.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, sqlx::Error> {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             let pool = PgPoolOptions::new().max_connections(max_connections);
@@ -35,9 +44,11 @@ impl SqlPool {
                     .await?,
             ))
         } else if url.starts_with("sqlite:") {
-            let options = SqliteConnectOptions::from_str(url)?
+            let (url, synchronous) = sqlite_synchronous(url)?;
+            let options = SqliteConnectOptions::from_str(&url)?
                 .create_if_missing(true)
                 .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(synchronous)
                 .busy_timeout(Duration::from_secs(10));
             let pool = SqlitePoolOptions::new().max_connections(max_connections.min(8));
             Ok(Self::Sqlite(pool.connect_with(options).await?))
@@ -49,5 +60,53 @@ impl SqlPool {
                 .into(),
             ))
         }
+    }
+}
+
+/// `url` without its `synchronous=` parameter, and what that parameter asks
+/// for: `normal` (the default) or `full`.
+fn sqlite_synchronous(url: &str) -> Result<(String, SqliteSynchronous), sqlx::Error> {
+    let Some((path, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), SqliteSynchronous::Normal));
+    };
+    let mut synchronous = SqliteSynchronous::Normal;
+    let mut rest = Vec::new();
+    for pair in query.split('&') {
+        match pair.split_once('=') {
+            Some(("synchronous", "normal")) => synchronous = SqliteSynchronous::Normal,
+            Some(("synchronous", "full")) => synchronous = SqliteSynchronous::Full,
+            Some(("synchronous", other)) => {
+                return Err(sqlx::Error::Configuration(
+                    format!("synchronous={other}: use normal or full").into(),
+                ));
+            }
+            _ => rest.push(pair),
+        }
+    }
+    let url = if rest.is_empty() {
+        path.to_owned()
+    } else {
+        format!("{path}?{}", rest.join("&"))
+    };
+    Ok((url, synchronous))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn synchronous_is_read_off_the_url() {
+        let (url, sync) = sqlite_synchronous("sqlite://a.db").unwrap();
+        assert_eq!(
+            (url.as_str(), format!("{sync:?}")),
+            ("sqlite://a.db", "Normal".into())
+        );
+        let (url, sync) = sqlite_synchronous("sqlite://a.db?synchronous=full&mode=rwc").unwrap();
+        assert_eq!(
+            (url.as_str(), format!("{sync:?}")),
+            ("sqlite://a.db?mode=rwc", "Full".into())
+        );
+        assert!(sqlite_synchronous("sqlite://a.db?synchronous=off").is_err());
     }
 }

@@ -15,8 +15,9 @@ struct Args {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:3000")]
     listen: SocketAddr,
-    /// Where data and idempotency records live: `memory`, `sqlite://PATH`,
-    /// `postgres://...` or `mysql://...`. On SQL, the outbox of
+    /// Where data and idempotency records live: `memory`, `sqlite://PATH`
+    /// (WAL with synchronous=NORMAL: add `?synchronous=full` to survive an
+    /// OS crash too, slower), `postgres://...` or `mysql://...`. On SQL, the outbox of
     /// `order.created` events too, which the `relay` binary publishes.
     #[arg(long, default_value = "sqlite://idem-orders.db")]
     database: String,
