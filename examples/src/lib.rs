@@ -12,3 +12,15 @@ pub mod consumer;
 pub mod orders;
 pub mod placeholders;
 pub mod sql_pool;
+
+/// Logs to stderr, at `RUST_LOG`'s levels (`info` by default): how the
+/// `relay` and `consumer` binaries log, so stdout stays free.
+pub fn log_to_stderr() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}

@@ -29,6 +29,7 @@ use idem_core::guards::{
 use idem_core::sql::sqlx::Pool;
 use tokio::sync::Barrier;
 
+#[macro_use]
 mod support;
 use support::{Table, mysql, nonce, postgres, sqlite};
 
@@ -669,27 +670,6 @@ async fn concurrent_deliveries_process_each_event_once<DB: GuardDb + TestSql>(po
     }
     effects.drop_table().await;
     log.drop_table().await;
-}
-
-/// One test per case and database.
-macro_rules! sql_cases {
-    ($($case:ident),* $(,)?) => {
-        sql_cases!(@db postgres; $($case),*);
-        sql_cases!(@db mysql; $($case),*);
-        sql_cases!(@db sqlite; $($case),*);
-    };
-    (@db $db:ident; $($case:ident),*) => {
-        mod $db {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $case() {
-                    if let Some(pool) = super::$db().await {
-                        super::$case(pool).await;
-                    }
-                }
-            )*
-        }
-    };
 }
 
 sql_cases!(

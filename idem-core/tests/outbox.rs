@@ -29,6 +29,7 @@ use idem_core::sql::sqlx::Pool;
 use idem_core::store::BoxFuture;
 use metrics_exporter_prometheus::PrometheusBuilder;
 
+#[macro_use]
 mod support;
 use support::{mysql, nonce, postgres, sqlite};
 
@@ -405,27 +406,6 @@ async fn the_relay_counts_published_and_retried_events_and_sets_the_lag() {
     );
     assert_eq!(line("idem_outbox_lag_seconds"), "idem_outbox_lag_seconds 0");
     drop_tables(outbox).await;
-}
-
-/// One test per case and database.
-macro_rules! sql_cases {
-    ($($case:ident),* $(,)?) => {
-        sql_cases!(@db postgres; $($case),*);
-        sql_cases!(@db mysql; $($case),*);
-        sql_cases!(@db sqlite; $($case),*);
-    };
-    (@db $db:ident; $($case:ident),*) => {
-        mod $db {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $case() {
-                    if let Some(pool) = super::$db().await {
-                        super::$case(pool).await;
-                    }
-                }
-            )*
-        }
-    };
 }
 
 sql_cases!(

@@ -28,7 +28,6 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use idem_examples::consumer::{self, Feed, Ledger, Settings};
 use idem_examples::orders::{ORDER_CREATED_SUBJECT, ORDERS_STREAM};
-use tracing_subscriber::EnvFilter;
 
 /// What to consume.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -82,12 +81,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> Result<(), consumer::BoxError> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    idem_examples::log_to_stderr();
     let args = Args::parse();
     let ledger = Ledger::connect(&args.database).await?;
     let (feed, stream, subject, durable) = match args.feed {

@@ -39,7 +39,6 @@ use idem_tower::core::guards::{
 use idem_tower::core::sql::Dialect;
 use idem_tower::core::sql::sqlx::Pool;
 use idem_tower::core::store::BoxFuture;
-use tracing_subscriber::EnvFilter;
 
 /// Publishes the orders app's outbox events to NATS JetStream.
 #[derive(Debug, Parser)]
@@ -117,12 +116,7 @@ impl<P: Publisher> Publisher for SlowPublisher<P> {
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    idem_examples::log_to_stderr();
     let args = Args::parse();
     if let Some(addr) = args.metrics_listen {
         let prometheus = install_prometheus()?;

@@ -86,3 +86,26 @@ impl<DB: TestSql> Table<DB> {
         DB::exec(&self.pool, format!("DROP TABLE {}", self.name)).await;
     }
 }
+
+/// One test per case and database: `sql_cases!(case, ...)` makes modules
+/// `postgres`, `mysql` and `sqlite`, each with a test per case that runs
+/// `case(pool)` on that database (or says it skipped, without a server).
+macro_rules! sql_cases {
+    ($($case:ident),* $(,)?) => {
+        sql_cases!(@db postgres; $($case),*);
+        sql_cases!(@db mysql; $($case),*);
+        sql_cases!(@db sqlite; $($case),*);
+    };
+    (@db $db:ident; $($case:ident),*) => {
+        mod $db {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    if let Some(pool) = super::$db().await {
+                        super::$case(pool).await;
+                    }
+                }
+            )*
+        }
+    };
+}
