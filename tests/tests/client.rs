@@ -11,14 +11,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::TokioExecutor;
 use idem_examples::orders::{App, STARTING_BALANCE_CENTS};
 use idem_tests::{Harness, Transport, prometheus};
 use idem_tower::client::{Delivery, IdempotentClientLayer, RetryPolicy};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use serde_json::{Value, json};
+use tower::util::ServiceFn;
 use tower::{ServiceBuilder, ServiceExt, service_fn};
 use tracing::Subscriber;
 use tracing::field::{Field, Visit};
@@ -68,6 +69,23 @@ fn body(amount_cents: i64) -> Full<Bytes> {
     Full::new(Bytes::from(
         json!({ "sku": "book", "qty": 1, "amount_cents": amount_cents }).to_string(),
     ))
+}
+
+/// The HTTP client, adding `X-Chaos-Fail: 503` (the app answers 503 before
+/// any write) to the first `failing` attempts; `sent` counts the attempts.
+fn failing_first(
+    failing: u32,
+    sent: Arc<AtomicU32>,
+) -> ServiceFn<impl FnMut(Request<Full<Bytes>>) -> ResponseFuture + Clone> {
+    let http = http();
+    service_fn(move |mut request: Request<Full<Bytes>>| {
+        if sent.fetch_add(1, Ordering::SeqCst) < failing {
+            request
+                .headers_mut()
+                .insert("x-chaos-fail", http::HeaderValue::from_static("503"));
+        }
+        http.request(request)
+    })
 }
 
 fn json_of(bytes: &Bytes) -> Value {
@@ -149,23 +167,10 @@ async fn a_client_timeout_shorter_than_the_handler_gets_the_replay_with_one_orde
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_503_on_first_attempts_then_success_makes_one_order() {
     let (h, base) = start().await;
-    // `X-Chaos-Fail: 503` fails every request that carries it, before any
-    // write: this wrapper adds it to the first two attempts only.
     let sent = Arc::new(AtomicU32::new(0));
-    let inner = {
-        let (http, sent) = (http(), sent.clone());
-        service_fn(move |mut request: Request<Full<Bytes>>| {
-            if sent.fetch_add(1, Ordering::SeqCst) < 2 {
-                request
-                    .headers_mut()
-                    .insert("x-chaos-fail", http::HeaderValue::from_static("503"));
-            }
-            http.request(request)
-        })
-    };
     let client = ServiceBuilder::new()
         .layer(IdempotentClientLayer::new(policy()))
-        .service(inner);
+        .service(failing_first(2, sent.clone()));
     let request = order(&h, &base, "bob").body(body(PRICE)).unwrap();
     let response = client.oneshot(request).await.expect("an answer");
     let delivery = response.extensions().get::<Delivery>().cloned().unwrap();
@@ -236,20 +241,9 @@ async fn retries_are_counted_by_cause_and_each_attempt_has_its_span() {
 
     let (h, base) = start().await;
     let sent = Arc::new(AtomicU32::new(0));
-    let inner = {
-        let (http, sent) = (http(), sent.clone());
-        service_fn(move |mut request: Request<Full<Bytes>>| {
-            if sent.fetch_add(1, Ordering::SeqCst) < 2 {
-                request
-                    .headers_mut()
-                    .insert("x-chaos-fail", http::HeaderValue::from_static("503"));
-            }
-            http.request(request)
-        })
-    };
     let client = ServiceBuilder::new()
         .layer(IdempotentClientLayer::new(policy()))
-        .service(inner);
+        .service(failing_first(2, sent.clone()));
     let request = order(&h, &base, "erin").body(body(PRICE)).unwrap();
     let response = client.oneshot(request).await.expect("an answer");
     assert_eq!(response.status(), StatusCode::CREATED);

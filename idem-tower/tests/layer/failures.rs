@@ -186,18 +186,7 @@ async fn a_client_gone_mid_handler_does_not_cancel_it_and_the_retry_gets_the_rep
     let while_running = send(&service, request()).await;
     while_running.assert_problem(StatusCode::CONFLICT, "in-flight");
 
-    let gave_up_at = Instant::now();
-    let retry = loop {
-        let reply = send(&service, request()).await;
-        if reply.status != StatusCode::CONFLICT {
-            break reply;
-        }
-        assert!(
-            gave_up_at.elapsed() < Duration::from_secs(5),
-            "the abandoned attempt never settled"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let retry = past_in_flight(&service, request, Duration::from_secs(5)).await;
     assert!(retry.replayed(), "{retry:?}");
     assert_eq!(retry.text(), order_body(1));
     assert_eq!(calls.get(), 1, "the retry ran the handler again");
@@ -220,29 +209,47 @@ async fn a_client_gone_mid_handler_whose_outcome_is_not_final_frees_the_key_at_i
         }
         created(n)
     });
-    // The lease is the default: only the release frees the key this soon.
     let service = Idempotency::new(MemoryStore::new()).layer().layer(inner);
     let request = || post("/orders", Some("k-gone-503"), ORDER);
 
     let cut_off = tokio::time::timeout(Duration::from_millis(100), send(&service, request())).await;
     assert!(cut_off.is_err(), "the first request was cut off");
 
-    let gave_up_at = Instant::now();
-    let retry = loop {
-        let reply = send(&service, request()).await;
-        if reply.status != StatusCode::CONFLICT {
-            break reply;
-        }
-        assert!(
-            gave_up_at.elapsed() < Duration::from_secs(2),
-            "the key was not released when the abandoned handler answered 503"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    // The lease is the default minute: only the release frees the key
+    // this soon.
+    let retry = past_in_flight(&service, request, Duration::from_secs(2)).await;
     assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
     assert!(!retry.replayed());
     assert_eq!(retry.text(), order_body(2));
     assert_eq!(calls.get(), 2);
+}
+
+/// Sends `request()` until the answer is not 409 in flight, for `within` at
+/// most: the first other answer.
+async fn past_in_flight<S, B>(
+    service: &S,
+    request: impl Fn() -> http::Request<Body>,
+    within: Duration,
+) -> Reply
+where
+    S: tower::Service<http::Request<Body>, Response = Response<B>> + Clone,
+    S::Error: std::fmt::Debug,
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
+{
+    let started = Instant::now();
+    loop {
+        let reply = send(service, request()).await;
+        if reply.status != StatusCode::CONFLICT {
+            return reply;
+        }
+        reply.assert_problem(StatusCode::CONFLICT, "in-flight");
+        assert!(
+            started.elapsed() < within,
+            "still in flight after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Once the handler has returned a final response its effect has happened;
