@@ -13,6 +13,7 @@ use http_body::Body;
 use http_body_util::BodyExt;
 use idem_core::{Outcome, StoredResponse};
 use tracing::Instrument;
+use tracing::instrument::Instrumented;
 
 use super::answer::Answer;
 use super::claim::Claimed;
@@ -66,16 +67,19 @@ where
 /// committed, or released if not final) whether or not anyone is still
 /// listening. If the request future is dropped before the work is done, the
 /// work moves to a task of its own and finishes there (see [`Settling`]).
-pub(super) async fn detached<T: Send + 'static>(
-    work: impl Future<Output = T> + Send + 'static,
-) -> T {
-    Settling(Some(Box::pin(work.in_current_span()))).await
+/// (Boxed at once: the request's own future then holds a pointer, not the
+/// whole attempt, and stays small to move.)
+pub(super) fn detached<F>(work: F) -> Settling<Instrumented<F>>
+where
+    F: Future<Output: Send> + Send + 'static,
+{
+    Settling(Some(Box::pin(work.in_current_span())))
 }
 
 /// Work that must finish once started: polled in place (no task to spawn on
 /// the common path, where the client waits for its answer), and handed to a
 /// spawned task if dropped unfinished.
-struct Settling<F: Future<Output: Send> + Send + 'static>(Option<Pin<Box<F>>>);
+pub(super) struct Settling<F: Future<Output: Send> + Send + 'static>(Option<Pin<Box<F>>>);
 
 impl<F: Future<Output: Send> + Send + 'static> Future for Settling<F> {
     type Output = F::Output;
