@@ -22,9 +22,17 @@ type ExtractFn = dyn for<'a> Fn(&'a mut Parts) -> ResolveFuture<'a> + Send + Syn
 pub(crate) enum Unresolved {
     /// The extractor refused the request: answer with its rejection, as the
     /// handler would have.
+    #[cfg_attr(
+        not(feature = "axum"),
+        allow(dead_code, reason = "axum extractors only")
+    )]
     Rejected(http::Response<bytes::Bytes>),
     /// The resolver needs router state the route does not carry: a wiring
     /// mistake, answered 500.
+    #[cfg_attr(
+        not(feature = "axum"),
+        allow(dead_code, reason = "axum extractors only")
+    )]
     Misconfigured(String),
     /// The request carries an identity that cannot be used (a header given
     /// twice, or not visible ASCII): answered 400, never read as no
@@ -67,6 +75,10 @@ pub struct Resolver {
 #[derive(Clone)]
 enum Kind {
     Sync(Arc<ResolveFn>),
+    #[cfg_attr(
+        not(feature = "axum"),
+        allow(dead_code, reason = "axum extractors only")
+    )]
     Extract(Arc<ExtractFn>),
 }
 

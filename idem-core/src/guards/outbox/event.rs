@@ -51,8 +51,10 @@ impl Event {
     }
 
     /// The same event under the id `id` (1 to 255 bytes): one derived from
-    /// the business event (`order-created:42`) makes enqueueing it twice a
-    /// no-op ([`Enqueued::AlreadyQueued`]).
+    /// the business event (`order-created:42`) makes enqueueing it again a
+    /// no-op ([`Enqueued::AlreadyQueued`]) for as long as the first is in
+    /// the outbox: until it is sent and then purged
+    /// ([`Relay::keep_sent`](super::Relay::keep_sent), an hour by default).
     pub fn with_id(mut self, id: impl Into<String>) -> Result<Self, Error> {
         let id = id.into();
         check_short_text("an event id", &id)?;

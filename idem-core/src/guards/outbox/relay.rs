@@ -65,7 +65,10 @@ pub enum Published {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Pass {
-    /// Events claimed.
+    /// Events claimed. Zero does not mean the outbox is empty: the events
+    /// may be leased, waiting for a retry, held back behind an earlier
+    /// event of their key, or another relay was claiming at that moment
+    /// ([`Outbox::unsent`](super::Outbox::unsent) says what is left).
     pub claimed: usize,
     /// Events published and marked sent.
     pub published: usize,
