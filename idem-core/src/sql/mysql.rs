@@ -201,7 +201,6 @@ impl Dialect for MySql {
     }
 
     #[cfg(feature = "guards")]
-    #[cfg(feature = "guards")]
     const BLOB: &'static str = "LONGBLOB";
     #[cfg(feature = "guards")]
     const SERIAL_KEY: &'static str = "BIGINT AUTO_INCREMENT PRIMARY KEY";

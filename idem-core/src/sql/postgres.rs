@@ -198,7 +198,6 @@ impl Dialect for Postgres {
     }
 
     #[cfg(feature = "guards")]
-    #[cfg(feature = "guards")]
     const BLOB: &'static str = "BYTEA";
     #[cfg(feature = "guards")]
     const SERIAL_KEY: &'static str = "BIGSERIAL PRIMARY KEY";

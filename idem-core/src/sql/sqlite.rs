@@ -167,7 +167,6 @@ impl Dialect for Sqlite {
     }
 
     #[cfg(feature = "guards")]
-    #[cfg(feature = "guards")]
     const BLOB: &'static str = "BLOB";
     #[cfg(feature = "guards")]
     const SERIAL_KEY: &'static str = "INTEGER PRIMARY KEY AUTOINCREMENT";
