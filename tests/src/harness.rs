@@ -81,6 +81,15 @@ impl Harness {
         Self::serve_wired(app, Wiring::Attribute).await
     }
 
+    /// The base URL (`http://127.0.0.1:PORT`) of a harness made by
+    /// [`Harness::serve`], for clients of the test's own; `None` in process.
+    pub fn base(&self) -> Option<&str> {
+        match &self.transport {
+            Transport::Http { base, .. } => Some(base),
+            Transport::Oneshot(_) => None,
+        }
+    }
+
     async fn serve_wired(app: App, wiring: Wiring) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

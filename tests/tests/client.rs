@@ -15,7 +15,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::TokioExecutor;
 use idem_examples::orders::{App, STARTING_BALANCE_CENTS};
-use idem_tests::{Harness, Transport, prometheus};
+use idem_tests::{Harness, prometheus};
 use idem_tower::client::{Delivery, IdempotentClientLayer, RetryPolicy};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use serde_json::{Value, json};
@@ -36,10 +36,10 @@ type Http = Client<HttpConnector, Full<Bytes>>;
 /// The orders app with chaos on, served on loopback; its base URL.
 async fn start() -> (Harness, String) {
     let h = Harness::serve(App::in_memory(true)).await;
-    let Transport::Http { base, .. } = &h.transport else {
-        unreachable!("Harness::serve serves over HTTP")
-    };
-    let base = base.clone();
+    let base = h
+        .base()
+        .expect("Harness::serve serves over HTTP")
+        .to_owned();
     (h, base)
 }
 

@@ -14,8 +14,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use idem_examples::orders::{App, STARTING_BALANCE_CENTS};
+use idem_tests::Harness;
 use idem_tests::fault_proxy::fault_proxy;
-use idem_tests::{Harness, Transport};
 use idem_tower::client::{Delivery, IdempotentClientLayer, RetryPolicy};
 use serde_json::{Value, json};
 use tower::{ServiceBuilder, ServiceExt, service_fn};
@@ -25,10 +25,10 @@ const PRICE: i64 = 1999;
 /// The orders app with chaos on, served on loopback; its base URL.
 async fn start() -> (Harness, String) {
     let h = Harness::serve(App::in_memory(true)).await;
-    let Transport::Http { base, .. } = &h.transport else {
-        unreachable!("Harness::serve serves over HTTP")
-    };
-    let base = base.clone();
+    let base = h
+        .base()
+        .expect("Harness::serve serves over HTTP")
+        .to_owned();
     (h, base)
 }
 

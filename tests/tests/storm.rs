@@ -128,6 +128,43 @@ async fn effects(pool: &PgPool, op: &str) -> i64 {
         .expect("count")
 }
 
+/// `POST {app}/charges` with `key`: the status, and whether it was a replay.
+async fn post_charge(client: &reqwest::Client, app: &str, key: &str) -> (StatusCode, bool) {
+    let response = client
+        .post(format!("{app}/charges"))
+        .header("idempotency-key", key)
+        .json(&serde_json::json!({ "op": key }))
+        .send()
+        .await
+        .expect("an answer");
+    (
+        response.status(),
+        response.headers().contains_key("idempotent-replayed"),
+    )
+}
+
+/// `copies` of one charge, sent at once from tasks of their own (released
+/// together by a barrier): what each got.
+async fn burst(copies: usize, app: &str, key: &str) -> Vec<(StatusCode, bool)> {
+    let client = reqwest::Client::new();
+    let barrier = Arc::new(tokio::sync::Barrier::new(copies));
+    let tasks: Vec<_> = (0..copies)
+        .map(|_| {
+            let (client, barrier) = (client.clone(), Arc::clone(&barrier));
+            let (app, key) = (app.to_owned(), key.to_owned());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                post_charge(&client, &app, &key).await
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.expect("no request task panics"));
+    }
+    answers
+}
+
 /// What one request got, and when its answer arrived.
 #[derive(Debug)]
 struct Answer {
@@ -270,35 +307,9 @@ async fn waiting_duplicates_replay_without_holding_connections() {
     )
     .await;
     let key = format!("{}-wait", idem_tests::nonce());
-    let client = reqwest::Client::new();
-    let barrier = Arc::new(tokio::sync::Barrier::new(11));
-    let tasks: Vec<_> = (0..11)
-        .map(|_| {
-            let (client, barrier, app, key) = (
-                client.clone(),
-                Arc::clone(&barrier),
-                app.clone(),
-                key.clone(),
-            );
-            tokio::spawn(async move {
-                barrier.wait().await;
-                let response = client
-                    .post(format!("{app}/charges"))
-                    .header("idempotency-key", &key)
-                    .json(&serde_json::json!({ "op": key }))
-                    .send()
-                    .await
-                    .expect("an answer");
-                (
-                    response.status(),
-                    response.headers().contains_key("idempotent-replayed"),
-                )
-            })
-        })
-        .collect();
+    let answers = burst(11, &app, &key).await;
     let mut replays = 0;
-    for task in tasks {
-        let (status, replayed) = task.await.expect("no request task panics");
+    for (status, replayed) in answers {
         assert_eq!(
             status,
             StatusCode::CREATED,
@@ -324,43 +335,11 @@ async fn a_burst_of_retries_of_a_completed_request_all_replay() {
     let runs = Arc::new(AtomicUsize::new(0));
     let app = instance(&url, &runs).await;
     let key = format!("{}-burst", idem_tests::nonce());
-    let client = reqwest::Client::new();
-    let send = |client: reqwest::Client, app: String, key: String| async move {
-        let response = client
-            .post(format!("{app}/charges"))
-            .header("idempotency-key", &key)
-            .json(&serde_json::json!({ "op": key }))
-            .send()
-            .await
-            .expect("an answer");
-        (
-            response.status(),
-            response.headers().contains_key("idempotent-replayed"),
-        )
-    };
-    let first = send(client.clone(), app.clone(), key.clone()).await;
+    let first = post_charge(&reqwest::Client::new(), &app, &key).await;
     assert_eq!(first, (StatusCode::CREATED, false));
 
     let copies = 40;
-    let barrier = Arc::new(tokio::sync::Barrier::new(copies));
-    let tasks: Vec<_> = (0..copies)
-        .map(|_| {
-            let (client, barrier, app, key) = (
-                client.clone(),
-                Arc::clone(&barrier),
-                app.clone(),
-                key.clone(),
-            );
-            tokio::spawn(async move {
-                barrier.wait().await;
-                send(client, app, key).await
-            })
-        })
-        .collect();
-    let mut answers = Vec::new();
-    for task in tasks {
-        answers.push(task.await.expect("no request task panics"));
-    }
+    let answers = burst(copies, &app, &key).await;
     let replays = answers
         .iter()
         .filter(|&&answer| answer == (StatusCode::CREATED, true))
