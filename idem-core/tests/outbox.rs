@@ -324,6 +324,27 @@ async fn a_relay_that_dies_mid_batch_leaves_its_events_after_its_lease<DB: Guard
     drop_tables(outbox).await;
 }
 
+async fn a_publish_never_outlives_the_lease<DB: GuardDb + TestSql>(pool: Pool<DB>) {
+    let outbox = outbox(&pool).await;
+    enqueue_committed(&outbox, &event("slow", 1)).await;
+    // The publish timeout is ten seconds; the lease is 500 ms, so the
+    // publish is given up at four fifths of it (the bound below leaves room
+    // for a loaded machine, and is far below the ten seconds).
+    let relay = Relay::new(outbox.clone(), Stuck)
+        .lease(Duration::from_millis(500))
+        .publish_timeout(Duration::from_secs(10));
+    let started = Instant::now();
+    let pass = relay.run_once().await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the publish waited for its own timeout, past the lease: {:?}",
+        started.elapsed()
+    );
+    assert_eq!((pass.published, pass.retried), (0, 1), "{pass:?}");
+    assert_eq!(outbox.unsent().await.unwrap(), 1, "put back for a retry");
+    drop_tables(outbox).await;
+}
+
 async fn sent_events_are_purged_in_bounded_batches<DB: GuardDb + TestSql>(pool: Pool<DB>) {
     let outbox = outbox(&pool).await;
     for n in 1..=25 {
@@ -413,5 +434,6 @@ sql_cases!(
     a_failed_publish_is_retried_and_holds_back_only_its_key,
     racing_relays_publish_each_key_in_order_one_at_a_time,
     a_relay_that_dies_mid_batch_leaves_its_events_after_its_lease,
+    a_publish_never_outlives_the_lease,
     sent_events_are_purged_in_bounded_batches,
 );
