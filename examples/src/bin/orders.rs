@@ -21,8 +21,10 @@ struct Args {
     /// `order.created` events too, which the `relay` binary publishes.
     #[arg(long, default_value = "sqlite://idem-orders.db")]
     database: String,
-    /// Put a Redis fast gate (`redis://...`) in front of the SQL database
-    /// (with `--database memory`, Redis alone keeps the records).
+    /// Put a Redis fast gate in front of the SQL database (with `--database
+    /// memory`, Redis alone keeps the records): `redis://HOST:PORT` for one
+    /// server, or `redis+sentinel://[user:password@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB]`
+    /// for the primary Redis Sentinel names, followed through a failover.
     #[arg(long)]
     redis: Option<String>,
     /// Honour the X-Chaos-Delay-Ms and X-Chaos-Fail request headers.

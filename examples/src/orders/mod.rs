@@ -39,7 +39,8 @@ mod sql;
 use std::sync::Arc;
 
 use axum::extract::FromRef;
-use idem_tower::core::redis::redis::aio::ConnectionManager;
+use idem_tower::core::redis::SentinelConnection;
+use idem_tower::core::redis::redis::aio::{ConnectionLike, ConnectionManager};
 use idem_tower::core::tiered::TierCounters;
 use idem_tower::store::IdempotencyStore;
 use idem_tower::{
@@ -108,9 +109,11 @@ impl App {
         Self::connect_tiered(database, None, chaos, configure).await
     }
 
-    /// [`App::connect_with`], and with `redis` (a `redis://` URL) the Redis
-    /// gate in front of the SQL store; on the `memory` database, Redis alone
-    /// keeps the idempotency records.
+    /// [`App::connect_with`], and with `redis` the Redis gate in front of
+    /// the SQL store: a `redis://` URL for one server (reconnecting to that
+    /// address), a `redis+sentinel://` URL for the primary that Redis
+    /// Sentinel names (following a failover). On the `memory` database,
+    /// Redis alone keeps the idempotency records.
     pub async fn connect_tiered(
         database: &str,
         redis: Option<&str>,
@@ -118,34 +121,16 @@ impl App {
         configure: impl FnOnce(IdempotencyBuilder) -> IdempotencyBuilder,
     ) -> Result<Self, BoxError> {
         let data = Data::connect(database).await?;
-        let gate = match redis {
-            None => None,
+        let (builder, tier) = match redis {
+            None => handle_on::<ConnectionManager>(&data, None).await?,
+            Some(url) if url.starts_with("redis+sentinel://") => {
+                let gate = RedisStore::new(SentinelConnection::open(url).await?);
+                handle_on(&data, Some(gate)).await?
+            }
             Some(url) => {
                 let client = idem_tower::core::redis::redis::Client::open(url)?;
-                Some(RedisStore::new(client.get_connection_manager().await?))
-            }
-        };
-        let (builder, tier) = match &data {
-            // Redis alone, no SQL behind it: for trying things out, not for
-            // money (an eviction or a failover forgets keys).
-            Data::Memory(_) => match gate {
-                Some(gate) => (Idempotency::builder(gate), None),
-                None => (Idempotency::builder(MemoryStore::new()), None),
-            },
-            Data::Postgres { pool, .. } => {
-                let store = PgStore::new(pool.clone());
-                store.migrate().await?;
-                with_gate(store, gate)
-            }
-            Data::MySql { pool, .. } => {
-                let store = MySqlStore::new(pool.clone());
-                store.migrate().await?;
-                with_gate(store, gate)
-            }
-            Data::Sqlite { pool, .. } => {
-                let store = SqliteStore::new(pool.clone());
-                store.migrate().await?;
-                with_gate(store, gate)
+                let gate = RedisStore::new(client.get_connection_manager().await?);
+                handle_on(&data, Some(gate)).await?
             }
         };
         let mut app = Self::assemble(data, configure(builder), chaos);
@@ -169,10 +154,41 @@ impl App {
     }
 }
 
+/// The handle's builder on `data`'s store (its table created if missing),
+/// behind `gate` if there is one.
+async fn handle_on<C: ConnectionLike + Clone + Send + Sync + 'static>(
+    data: &Data,
+    gate: Option<RedisStore<C>>,
+) -> Result<(IdempotencyBuilder, Option<Arc<TierCounters>>), BoxError> {
+    Ok(match data {
+        // Redis alone, no SQL behind it: for trying things out, not for
+        // money (an eviction or a failover forgets keys).
+        Data::Memory(_) => match gate {
+            Some(gate) => (Idempotency::builder(gate), None),
+            None => (Idempotency::builder(MemoryStore::new()), None),
+        },
+        Data::Postgres { pool, .. } => {
+            let store = PgStore::new(pool.clone());
+            store.migrate().await?;
+            with_gate(store, gate)
+        }
+        Data::MySql { pool, .. } => {
+            let store = MySqlStore::new(pool.clone());
+            store.migrate().await?;
+            with_gate(store, gate)
+        }
+        Data::Sqlite { pool, .. } => {
+            let store = SqliteStore::new(pool.clone());
+            store.migrate().await?;
+            with_gate(store, gate)
+        }
+    })
+}
+
 /// The handle's builder on `truth`, behind `gate` if there is one.
-fn with_gate<T: IdempotencyStore>(
+fn with_gate<T: IdempotencyStore, C: ConnectionLike + Clone + Send + Sync + 'static>(
     truth: T,
-    gate: Option<RedisStore<ConnectionManager>>,
+    gate: Option<RedisStore<C>>,
 ) -> (IdempotencyBuilder, Option<Arc<TierCounters>>) {
     match gate {
         None => (Idempotency::builder(truth), None),

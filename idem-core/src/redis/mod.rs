@@ -22,11 +22,16 @@
 //! ```
 //!
 //! Keys are hash-tagged (`idem:{...}`), so a Redis Cluster connection
-//! (`redis::cluster_async::ClusterConnection`) works as well.
+//! (`redis::cluster_async::ClusterConnection`) works as well. Behind Redis
+//! Sentinel, [`SentinelConnection`] follows a failover to the new primary.
 
 /// The redis crate this store is built on, so your connection is the very
 /// type the store takes.
 pub use ::redis;
+
+mod sentinel;
+
+pub use sentinel::SentinelConnection;
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -44,8 +49,8 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("re
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("renew.lua")));
 
 /// Idempotency records in Redis, on your connection: a
-/// `redis::aio::ConnectionManager` (reconnects by itself, cheap to clone) or
-/// a `redis::cluster_async::ClusterConnection`.
+/// `redis::aio::ConnectionManager` (reconnects by itself, cheap to clone), a
+/// `redis::cluster_async::ClusterConnection`, or a [`SentinelConnection`].
 #[derive(Clone)]
 pub struct RedisStore<C> {
     conn: C,
