@@ -263,3 +263,81 @@ async fn an_orphaned_gate_claim_does_not_block_the_transactional_retry() {
         "{replay:?}"
     );
 }
+
+/// Copies of one request at once: the first claims the gate, but a second
+/// reaches SQL before it (finding no transaction there, it takes the gate
+/// over). The first's claim in SQL waits for the second's transaction and
+/// gets its answer replayed. Redis lost nothing, so nothing is counted as
+/// caught, and the gate keeps the winner's record; whereas a key Redis did
+/// lose is counted (`sql_catches_what_redis_lost_and_rewarms_the_gate`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_overtaken_on_its_way_to_sql_is_not_counted_as_caught() {
+    use idem_core::store::{TransactionalStore, TxClaim};
+
+    let Some(store) = tiered().await else { return };
+    let Some(truth) = truth().await else { return };
+    let key = key("overtaken");
+    // The second copy's claim in SQL, open (its row written, uncommitted).
+    let (winner, loser) = (OwnerToken::generate(), OwnerToken::generate());
+    let TxClaim::Open(won) = truth
+        .claim_in_transaction(&key, &FP, LONG, winner)
+        .await
+        .expect("PostgreSQL answers")
+    else {
+        panic!("a fresh key is free");
+    };
+    let before = store.counters().snapshot();
+    // The first copy: its `SET NX` on the gate succeeds, then its claim in
+    // SQL waits on the second's row.
+    let first = tokio::spawn({
+        let (store, key) = (store.clone(), key.clone());
+        async move { store.claim(&key, &FP, LONG, loser).await }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut redis = store.gate().connection().clone();
+    while !redis::cmd("EXISTS")
+        .arg(key.as_str())
+        .query_async::<bool>(&mut redis)
+        .await
+        .unwrap()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first copy never claimed the gate"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The second takes the gate over, as the tiered store's transactional
+    // claim does once SQL is its, and commits its answer.
+    store
+        .gate()
+        .put_in_flight(&key, &FP, winner, LONG)
+        .await
+        .unwrap();
+    let outcome = Outcome::NotReplayable;
+    won.commit(&outcome, LONG).await.expect("commit");
+    store
+        .gate()
+        .complete(&key, &winner, &outcome, LONG)
+        .await
+        .expect("the winner completes the gate");
+
+    assert_eq!(
+        first.await.unwrap().unwrap(),
+        Claim::Replay(outcome.clone())
+    );
+    let after = store.counters().snapshot();
+    assert_eq!(
+        after.fallback_caught, before.fallback_caught,
+        "Redis lost nothing"
+    );
+    assert_eq!(
+        store
+            .gate()
+            .claim(&key, &FP, LONG, OwnerToken::generate())
+            .await
+            .unwrap(),
+        Claim::Replay(outcome),
+        "the gate holds the winner's answer"
+    );
+}

@@ -99,8 +99,33 @@ where
             .map_err(unavailable)
     }
 
-    /// Forgets a key whatever it holds: the tiered store's answer when the
-    /// source of truth says the gate is wrong.
+    /// Writes an in-flight record for `owner` over whatever the key holds,
+    /// in one command: how a tiered store takes over a key whose claim in
+    /// the source of truth it has just won. Deleting the key and claiming
+    /// it again would leave a moment in which a third request's `SET NX`
+    /// finds it free.
+    pub async fn put_in_flight(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        owner: OwnerToken,
+        lease: Duration,
+    ) -> Result<(), Error> {
+        let record = Record::InFlight {
+            owner,
+            fingerprint: *fingerprint,
+        };
+        ::redis::cmd("SET")
+            .arg(key.as_str())
+            .arg(&record.encode()[..])
+            .arg("PX")
+            .arg(millis(lease))
+            .exec_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)
+    }
+
+    /// Forgets a key whatever it holds, as an eviction or a failover would.
     pub async fn forget(&self, key: &IdempotencyKey) -> Result<(), Error> {
         ::redis::cmd("DEL")
             .arg(key.as_str())

@@ -27,15 +27,23 @@ pub struct TierStats {
     /// Claims that went to SQL without the gate: Redis failed, timed out or
     /// its breaker was open.
     pub degraded: u64,
-    /// Duplicates that Redis let through and SQL's unique index caught.
+    /// Duplicates of an answered request that Redis let through, because
+    /// it had lost the key (eviction, failover, restart), and SQL's unique
+    /// index caught (replayed, or refused as a mismatch). Not counted: a
+    /// concurrent first attempt that overtook this one on its way to SQL
+    /// (Redis lost nothing), and a duplicate SQL found still in flight
+    /// (which cannot be told from that race).
     pub fallback_caught: u64,
     /// Times the breaker opened.
     pub breaker_opened: u64,
     /// Times a probe found Redis back and closed the breaker.
     pub breaker_recovered: u64,
-    /// Transactional claims Redis called "in flight" whose owner's
-    /// transaction had ended without committing (a crashed process): SQL
-    /// found the key free, and the claim went ahead.
+    /// Transactional claims Redis called "in flight" while no transaction
+    /// held the key in SQL, so the claim went ahead: the owner's
+    /// transaction had ended without committing (a crashed process), or
+    /// the owner had claimed the gate but not yet reached the database (a
+    /// concurrent copy of the request; SQL then answers it as the
+    /// duplicate).
     pub orphans_freed: u64,
 }
 

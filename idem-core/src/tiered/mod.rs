@@ -227,35 +227,52 @@ where
         }
     }
 
-    /// After SQL answered a claim the gate had let through: count the catch
-    /// and bring the gate in line with the truth.
-    async fn reconcile(
-        &self,
-        key: &IdempotencyKey,
-        fingerprint: &Fingerprint,
-        owner: &OwnerToken,
-        truth: &Duplicate,
-    ) {
+    /// After SQL answered a claim the gate had let through: bring the gate
+    /// in line with the truth, and count the catch if Redis had lost the
+    /// key.
+    ///
+    /// Our claim on the gate being still ours is what tells a lost key
+    /// from a race. Redis lost the key (eviction, failover, restart): our
+    /// `SET NX` was the only claim there, it is still ours, and it is
+    /// turned into the truth's answer under our owner token. A concurrent
+    /// first attempt took the gate over while ours was on its way to SQL
+    /// (it found no transaction holding the key and claimed it, see
+    /// `transactional.rs`): the gate is no longer ours, nothing was lost,
+    /// and the attempt that won completes the gate itself.
+    ///
+    /// SQL answering "in flight" is not counted: the attempt that holds the
+    /// key there may have claimed it an instant ago and be about to take
+    /// the gate over, so that answer cannot tell a lost key from that race.
+    /// Our claim is released, under our token, either way.
+    async fn reconcile(&self, key: &IdempotencyKey, owner: &OwnerToken, truth: &Duplicate) {
         let inner = &self.inner;
-        match truth {
+        let (aligned, answer) = match truth {
             Duplicate::Replay(outcome) => {
-                TierCounters::bump(
-                    &inner.counters.fallback_caught,
-                    "idem_tier_fallback_caught_total",
-                );
-                tracing::warn!(key = %key.redacted(), "SQL caught a duplicate Redis let through; re-warming the gate");
-                let rewarm = inner
-                    .gate
-                    .put_completed(key, fingerprint, outcome, inner.rewarm_ttl);
-                let _ = self.on_gate(rewarm).await;
+                let rewarm = inner.gate.complete(key, owner, outcome, inner.rewarm_ttl);
+                (self.on_gate(rewarm).await, "replay")
             }
-            Duplicate::InFlight { .. } | Duplicate::Mismatch => {
-                TierCounters::bump(
-                    &inner.counters.fallback_caught,
-                    "idem_tier_fallback_caught_total",
-                );
+            Duplicate::Mismatch => (
+                self.on_gate(inner.gate.release(key, owner)).await,
+                "mismatch",
+            ),
+            Duplicate::InFlight { .. } => {
                 let _ = self.on_gate(inner.gate.release(key, owner)).await;
+                return;
             }
+        };
+        match aligned {
+            Some(Ok(())) => {
+                TierCounters::bump(
+                    &inner.counters.fallback_caught,
+                    "idem_tier_fallback_caught_total",
+                );
+                tracing::warn!(key = %key.redacted(), answer, "SQL caught a duplicate Redis let through (Redis had lost the key); the gate now follows SQL");
+            }
+            Some(Err(_)) => {
+                tracing::debug!(key = %key.redacted(), "a concurrent attempt took the gate over; it completes the gate");
+            }
+            // Redis failed: the breaker counts it.
+            None => {}
         }
     }
 }
@@ -282,7 +299,7 @@ where
                 Ok(owner) => Ok(Claim::Acquired(owner)),
                 Err(duplicate) => {
                     if held {
-                        self.reconcile(key, fingerprint, &owner, &duplicate).await;
+                        self.reconcile(key, &owner, &duplicate).await;
                     }
                     Ok(duplicate.into())
                 }

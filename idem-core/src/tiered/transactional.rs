@@ -56,7 +56,7 @@ where
                 }))),
                 Ok(TxClaim::Duplicate(duplicate)) => {
                     if held {
-                        self.reconcile(key, fingerprint, &owner, &duplicate).await;
+                        self.reconcile(key, &owner, &duplicate).await;
                     }
                     Ok(TxClaim::Duplicate(duplicate))
                 }
@@ -99,11 +99,9 @@ where
                     &inner.counters.orphans_freed,
                     "idem_tier_orphans_freed_total",
                 );
-                tracing::warn!(key = %key.redacted(), "the gate held a claim whose transaction had ended; taking the key over");
-                let _ = self.on_gate(inner.gate.forget(key)).await;
-                let _ = self
-                    .on_gate(inner.gate.claim(key, fingerprint, lease, owner))
-                    .await;
+                tracing::info!(key = %key.redacted(), "the gate held a claim no transaction holds (its owner died, or has not reached the database yet); taking the key over");
+                let takeover = inner.gate.put_in_flight(key, fingerprint, owner, lease);
+                let _ = self.on_gate(takeover).await;
                 Ok(TxClaim::Open(Box::new(TieredTransaction {
                     tx: Some(tx),
                     store: self.clone(),
