@@ -10,6 +10,14 @@ use idem_tower::core::sql::sqlx::{
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
 };
 
+/// How long a request waits for a PostgreSQL or MySQL connection: while
+/// the server is down, the pool keeps failing to connect, and after this
+/// the request is answered 503 with `Retry-After` instead of hanging on
+/// (sqlx's default is 30 s). It also bounds how long a duplicate waits for
+/// a concurrent first attempt's turn (idem waits up to the pool's acquire
+/// timeout).
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// A pool on one of the three databases.
 #[derive(Debug, Clone)]
 pub enum SqlPool {
@@ -35,10 +43,14 @@ impl SqlPool {
     /// commit and survives both, at several times the cost per write.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, sqlx::Error> {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let pool = PgPoolOptions::new().max_connections(max_connections);
+            let pool = PgPoolOptions::new()
+                .max_connections(max_connections)
+                .acquire_timeout(ACQUIRE_TIMEOUT);
             Ok(Self::Postgres(pool.connect(url).await?))
         } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
-            let pool = MySqlPoolOptions::new().max_connections(max_connections);
+            let pool = MySqlPoolOptions::new()
+                .max_connections(max_connections)
+                .acquire_timeout(ACQUIRE_TIMEOUT);
             Ok(Self::MySql(
                 pool.connect(&url.replacen("mariadb://", "mysql://", 1))
                     .await?,
