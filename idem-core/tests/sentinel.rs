@@ -462,3 +462,32 @@ async fn the_store_conformance_suite_passes_on_it() {
         suite::renew_of_a_finished_or_foreign_claim_is_lease_lost(store.clone()),
     );
 }
+
+/// `open_lazy` opens with nothing to ask (no sentinel up yet): commands fail
+/// until the sentinel and its primary are up, then succeed on the same
+/// connection, unopened again. A malformed URL still fails at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_lazy_starts_before_redis_and_connects_once_it_is_up() {
+    let err = SentinelConnection::open_lazy("redis+sentinel://127.0.0.1:26379").unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidClientConfig);
+
+    let sentinel_port = free_port();
+    let mut conn = SentinelConnection::open_lazy(&format!(
+        "redis+sentinel://127.0.0.1:{sentinel_port}/{SERVICE}"
+    ))
+    .expect("a well-formed URL opens without a sentinel");
+    let before = incr(&mut conn, "lazy-counter").await;
+    assert!(before.unwrap_err().is_io_error(), "no sentinel yet");
+
+    let Some(primary) = RedisServer::start(&[]) else {
+        return;
+    };
+    let Some(_sentinel) = Sentinel::start_on(sentinel_port, SERVICE, primary.port(), 1000) else {
+        return;
+    };
+    let (value, failures, _) =
+        until_ok("open_lazy", async || incr(&mut conn, "lazy-counter").await).await;
+    assert_eq!(value, 1, "the first command that got through ran once");
+    assert_eq!(port_of(&mut conn).await, primary.port());
+    eprintln!("open_lazy: {failures} failed commands before the sentinel answered");
+}

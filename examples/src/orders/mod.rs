@@ -40,7 +40,10 @@ use std::sync::Arc;
 
 use axum::extract::FromRef;
 use idem_tower::core::redis::SentinelConnection;
-use idem_tower::core::redis::redis::aio::{ConnectionLike, ConnectionManager};
+use idem_tower::core::redis::redis;
+use idem_tower::core::redis::redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig,
+};
 use idem_tower::core::tiered::TierCounters;
 use idem_tower::store::IdempotencyStore;
 use idem_tower::{
@@ -123,13 +126,19 @@ impl App {
         let data = Data::connect(database).await?;
         let (builder, tier) = match redis {
             None => handle_on::<ConnectionManager>(&data, None).await?,
+            // Lazy connections: Redis is the gate, not the truth, so an
+            // instance (re)started while Redis is down or mid-failover
+            // starts, serving from SQL alone until the gate answers.
             Some(url) if url.starts_with("redis+sentinel://") => {
-                let gate = RedisStore::new(SentinelConnection::open(url).await?);
+                let gate = RedisStore::new(SentinelConnection::open_lazy(url)?);
+                warn_if_unreachable(&gate).await;
                 handle_on(&data, Some(gate)).await?
             }
             Some(url) => {
-                let client = idem_tower::core::redis::redis::Client::open(url)?;
-                let gate = RedisStore::new(client.get_connection_manager().await?);
+                let client = redis::Client::open(url)?;
+                let lazy = client.get_connection_manager_lazy(ConnectionManagerConfig::new())?;
+                let gate = RedisStore::new(lazy);
+                warn_if_unreachable(&gate).await;
                 handle_on(&data, Some(gate)).await?
             }
         };
@@ -151,6 +160,24 @@ impl App {
             tier: None,
             prometheus: None,
         }
+    }
+}
+
+/// Says so if the gate does not answer a `PING` at startup.
+async fn warn_if_unreachable<C: ConnectionLike + Clone + Send + Sync + 'static>(
+    gate: &RedisStore<C>,
+) {
+    let mut conn = gate.connection().clone();
+    let ping = redis::cmd("PING");
+    let answer = ping.query_async::<()>(&mut conn);
+    match tokio::time::timeout(std::time::Duration::from_secs(2), answer).await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => {
+            tracing::warn!(%err, "the Redis gate does not answer; serving from SQL alone until it does");
+        }
+        Err(_) => tracing::warn!(
+            "the Redis gate did not answer within 2 s; serving from SQL alone until it does"
+        ),
     }
 }
 

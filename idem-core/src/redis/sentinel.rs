@@ -161,8 +161,44 @@ impl SentinelConnection {
     ) -> RedisResult<Self> {
         let conn = find_primary(&mut client, &config).await?;
         let db = conn.get_db();
+        Ok(Self::with(client, config, Some(conn), db))
+    }
+
+    /// [`open`](Self::open) without asking the sentinels yet: only the URL
+    /// is checked, and the first command finds the primary. For a service
+    /// that must start while Redis has no primary (mid-failover, or down):
+    /// in front of SQL, the [`TieredStore`](crate::tiered::TieredStore)
+    /// serves from SQL alone until the gate answers.
+    ///
+    /// ```no_run
+    /// # fn run() -> redis::RedisResult<()> {
+    /// use idem_core::redis::{RedisStore, SentinelConnection};
+    ///
+    /// let store = RedisStore::new(SentinelConnection::open_lazy(
+    ///     "redis+sentinel://127.0.0.1:26379/mymaster",
+    /// )?);
+    /// # let _ = store; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A malformed URL, as [`ErrorKind::InvalidClientConfig`].
+    pub fn open_lazy(url: &str) -> RedisResult<Self> {
+        let url = SentinelUrl::parse(url)?;
+        let db = url.db;
+        let config =
+            AsyncConnectionConfig::new().set_response_timeout(Some(Self::DEFAULT_RESPONSE_TIMEOUT));
+        Ok(Self::with(url.client()?, config, None, db))
+    }
+
+    fn with(
+        client: SentinelClient,
+        config: AsyncConnectionConfig,
+        conn: Option<MultiplexedConnection>,
+        db: i64,
+    ) -> Self {
         let shared = Shared {
-            current: RwLock::new(Some(Current {
+            current: RwLock::new(conn.map(|conn| Current {
                 conn,
                 generation: 1,
             })),
@@ -175,9 +211,9 @@ impl SentinelConnection {
             probing: AtomicBool::new(false),
             db,
         };
-        Ok(Self {
+        Self {
             shared: Arc::new(shared),
-        })
+        }
     }
 
     /// Runs `command` on the current primary's connection (found first if

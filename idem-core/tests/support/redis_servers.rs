@@ -278,8 +278,18 @@ impl Sentinel {
     /// second). `None` if `redis-server` is not installed (a panic under
     /// `CI=true`).
     pub(crate) fn start(service_name: &str, primary_port: u16, down_after_ms: u64) -> Option<Self> {
+        Self::start_on(free_port(), service_name, primary_port, down_after_ms)
+    }
+
+    /// [`start`](Self::start) on `port`: for a client given the address
+    /// before the sentinel runs.
+    pub(crate) fn start_on(
+        port: u16,
+        service_name: &str,
+        primary_port: u16,
+        down_after_ms: u64,
+    ) -> Option<Self> {
         redis_server_installed()?;
-        let port = free_port();
         let dir = server_dir(port);
         let failover_timeout = (down_after_ms * 2).max(1000);
         let conf = format!(
