@@ -36,6 +36,7 @@ impl Orders {
         command.args(extra);
         let mut child = command
             .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .expect("start the orders binary");

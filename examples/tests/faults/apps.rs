@@ -1,0 +1,127 @@
+//! The orders instances of a run: real `orders` processes over one
+//! database and one Redis, which the workload spreads its attempts over,
+//! and which a fault may kill -9 and start again.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use crate::support::{Orders, client};
+
+/// The tiered store's counters each instance serves on `/metrics`.
+const COUNTERS: [&str; 2] = [
+    "idem_tier_fallback_caught_total",
+    "idem_tier_degraded_total",
+];
+
+/// Running `orders` processes.
+pub(crate) struct Apps {
+    database: String,
+    redis: Option<String>,
+    slots: Mutex<Vec<Option<Orders>>>,
+    bases: RwLock<Vec<String>>,
+    /// What killed instances had counted, read just before each kill.
+    counted_by_the_dead: [AtomicU64; 2],
+    /// Instances killed with SIGKILL.
+    pub(crate) kills: AtomicU64,
+}
+
+impl Apps {
+    /// Starts `count` instances of `orders --chaos` on `database`, with
+    /// `--redis redis` if given.
+    pub(crate) async fn start(database: &str, redis: Option<&str>, count: usize) -> Self {
+        let mut slots = Vec::with_capacity(count);
+        for _ in 0..count {
+            slots.push(Some(spawn(database, redis).await));
+        }
+        let bases = slots
+            .iter()
+            .map(|slot| slot.as_ref().expect("started").base.clone())
+            .collect();
+        Self {
+            database: database.to_owned(),
+            redis: redis.map(str::to_owned),
+            slots: Mutex::new(slots),
+            bases: RwLock::new(bases),
+            counted_by_the_dead: Default::default(),
+            kills: AtomicU64::new(0),
+        }
+    }
+
+    /// The base URL of the instance `turn` falls on (round robin).
+    pub(crate) fn base(&self, turn: usize) -> String {
+        let bases = self.bases.read().expect("bases");
+        bases[turn % bases.len()].clone()
+    }
+
+    /// kill -9 of instance `index`, then a new process in its place (on a
+    /// new port, which the workload picks up).
+    pub(crate) async fn kill_and_restart(&self, index: usize) {
+        let base = self.base(index);
+        let counted = counters(&base).await;
+        let doomed = self.slots.lock().expect("slots")[index].take();
+        if let Some(doomed) = doomed {
+            doomed.kill_9();
+            self.kills.fetch_add(1, Ordering::Relaxed);
+            for (total, value) in self.counted_by_the_dead.iter().zip(counted) {
+                total.fetch_add(value, Ordering::Relaxed);
+            }
+        }
+        let fresh = spawn(&self.database, self.redis.as_deref()).await;
+        self.bases.write().expect("bases")[index] = fresh.base.clone();
+        self.slots.lock().expect("slots")[index] = Some(fresh);
+    }
+
+    /// How many instances there are.
+    pub(crate) fn len(&self) -> usize {
+        self.bases.read().expect("bases").len()
+    }
+
+    /// Duplicates SQL caught after Redis let them through, and requests
+    /// served by SQL alone while Redis was out: summed over every instance
+    /// that ran, the killed ones as of just before their kill.
+    pub(crate) async fn tier_counters(&self) -> (u64, u64) {
+        let bases = self.bases.read().expect("bases").clone();
+        let mut sums = [0, 1].map(|i| self.counted_by_the_dead[i].load(Ordering::Relaxed));
+        for base in bases {
+            for (sum, value) in sums.iter_mut().zip(counters(&base).await) {
+                *sum += value;
+            }
+        }
+        (sums[0], sums[1])
+    }
+}
+
+/// Starts one instance (the start blocks until it listens). A start fails
+/// while a server it needs at startup is out (Redis mid-failover,
+/// PostgreSQL down) or when a fault hits its migration: it is tried again
+/// every half second, as an orchestrator would, for up to 15 s.
+async fn spawn(database: &str, redis: Option<&str>) -> Orders {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (database, redis) = (database.to_owned(), redis.map(str::to_owned));
+        match tokio::task::spawn_blocking(move || Orders::start(&database, redis.as_deref())).await
+        {
+            Ok(orders) => return orders,
+            Err(failed) if Instant::now() < deadline => {
+                eprintln!("an orders instance failed to start, trying again: {failed}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(failed) => panic!("an orders instance failed to start for 15 s: {failed}"),
+        }
+    }
+}
+
+/// [`COUNTERS`] as `base` serves them (0 where it does not answer).
+async fn counters(base: &str) -> [u64; 2] {
+    let text = match client().get(format!("{base}/metrics")).send().await {
+        Ok(response) => response.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    };
+    COUNTERS.map(|name| {
+        text.lines()
+            .filter(|line| line.starts_with(name))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    })
+}
