@@ -90,6 +90,37 @@ impl Apps {
         }
         (sums[0], sums[1])
     }
+
+    /// Waits (while the workload runs) until every instance uses its Redis
+    /// gate again: for a whole second, no instance served a claim from SQL
+    /// alone. A fault is healed only then; the re-send after it is meant
+    /// to meet the gate.
+    pub(crate) async fn wait_for_gates(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        let mut before = self.served_by_sql_alone().await;
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let now = self.served_by_sql_alone().await;
+            if now == before {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "instances still serving from SQL alone after {within:?}: {now:?}"
+            );
+            before = now;
+        }
+    }
+
+    /// Each instance's count of claims made without the gate.
+    async fn served_by_sql_alone(&self) -> Vec<u64> {
+        let bases = self.bases.read().expect("bases").clone();
+        let mut counts = Vec::with_capacity(bases.len());
+        for base in &bases {
+            counts.push(counters(base).await[1]);
+        }
+        counts
+    }
 }
 
 /// Starts one instance (the start blocks until it listens). A start fails

@@ -212,8 +212,9 @@ impl Replicated {
 
     /// Cuts replication, lets writes go on to the primary alone for
     /// `for_secs`, kills the primary and has Sentinel promote the replica,
-    /// which has none of those writes. Returns when the replica is primary.
-    async fn fail_over_losing_writes(&mut self, for_secs: f64) -> String {
+    /// which has none of those writes. Returns when the replica is primary
+    /// and every instance of `apps` uses it.
+    async fn fail_over_losing_writes(&mut self, apps: &Apps, for_secs: f64) -> String {
         self.link.set(Mode::Cut);
         tokio::time::sleep(Duration::from_secs_f64(for_secs)).await;
         self.primary.kill_9();
@@ -221,8 +222,12 @@ impl Replicated {
         self.sentinel
             .fail_over_to(self.replica.port(), Duration::from_secs(20))
             .await;
+        let named = promoted.elapsed();
+        apps.wait_for_gates(Duration::from_secs(30)).await;
         format!(
-            "failover: replica promoted {:.1} s after the primary's kill",
+            "failover: the Sentinel named the replica {:.1} s after the primary's kill, \
+             every instance used the gate again {:.1} s after it",
+            named.as_secs_f64(),
             promoted.elapsed().as_secs_f64()
         )
     }
@@ -247,9 +252,9 @@ async fn redis_failover(pg: &Postgres) -> Option<Report> {
     let mut redis = Replicated::start().await?;
     let apps = Arc::new(Apps::start(&pg.url(), Some(&redis.sentinel.url()), INSTANCES).await);
     let start = Instant::now();
-    let mut report = drive("redis-failover", pg, apps, async {
-        at(start, 2.0).await;
-        redis.fail_over_losing_writes(3.0).await
+    let mut report = drive("redis-failover", pg, apps.clone(), async {
+        at(start, 1.5).await;
+        redis.fail_over_losing_writes(&apps, 2.5).await
     })
     .await;
     if report.fallback_caught == 0 {
@@ -265,12 +270,18 @@ async fn redis_restart(pg: &Postgres) -> Option<Report> {
     let port = redis.port();
     let apps = Arc::new(Apps::start(&pg.url(), Some(&redis.url()), INSTANCES).await);
     let start = Instant::now();
-    let mut report = drive("redis-restart", pg, apps, async {
+    let mut report = drive("redis-restart", pg, apps.clone(), async {
         at(start, 4.0).await;
         redis.kill_9();
         tokio::time::sleep(Duration::from_millis(500)).await;
         redis = RedisServer::start_on(port, &[]).expect("Redis again on its port");
-        format!("Redis down 0.5 s at t=4 s, back empty on port {port}")
+        let back = Instant::now();
+        apps.wait_for_gates(Duration::from_secs(30)).await;
+        format!(
+            "Redis down 0.5 s at t=4 s, back empty on port {port}; every instance used the gate \
+             again {:.1} s later",
+            back.elapsed().as_secs_f64()
+        )
     })
     .await;
     if report.fallback_caught == 0 {
@@ -384,7 +395,7 @@ async fn mixed(pg: &Postgres) -> Option<Report> {
         };
         let redis_fault = async {
             at(start, 2.0).await;
-            redis.fail_over_losing_writes(2.0).await
+            redis.fail_over_losing_writes(&killer, 2.0).await
         };
         let pg_fault = async {
             at(start, 6.0).await;
