@@ -75,6 +75,17 @@ async fn role_of(conn: &mut SentinelConnection) -> String {
     }
 }
 
+/// Writes `before` = `kept`, which a failover must not lose once
+/// [`replicated`].
+async fn set_before(conn: &mut SentinelConnection) {
+    let () = cmd("SET")
+        .arg("before")
+        .arg("kept")
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
 /// Waits until the replica has every write made so far on `conn`.
 async fn replicated(conn: &mut SentinelConnection) {
     let acked: i64 = cmd("WAIT")
@@ -148,12 +159,7 @@ async fn follows_a_failover_to_the_replica() {
     };
     let mut conn = open(&servers.sentinel).await;
     assert_eq!(port_of(&mut conn).await, servers.primary.port());
-    let () = cmd("SET")
-        .arg("before")
-        .arg("kept")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    set_before(&mut conn).await;
     for _ in 0..5 {
         incr(&mut conn, "counter").await.unwrap();
     }
@@ -298,12 +304,7 @@ async fn follows_a_failover_away_from_a_primary_that_stopped_answering() {
         return;
     };
     let mut conn = open(&servers.sentinel).await;
-    let () = cmd("SET")
-        .arg("before")
-        .arg("kept")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    set_before(&mut conn).await;
     replicated(&mut conn).await;
 
     servers.primary.pause();

@@ -89,14 +89,7 @@ where
             fingerprint: *fingerprint,
             outcome: outcome.clone(),
         };
-        ::redis::cmd("SET")
-            .arg(key.as_str())
-            .arg(&record.encode()[..])
-            .arg("PX")
-            .arg(millis(retention))
-            .exec_async(&mut self.conn.clone())
-            .await
-            .map_err(unavailable)
+        self.put(key, &record, retention).await
     }
 
     /// Writes an in-flight record for `owner` over whatever the key holds,
@@ -115,11 +108,16 @@ where
             owner,
             fingerprint: *fingerprint,
         };
+        self.put(key, &record, lease).await
+    }
+
+    /// Sets `key` to `record`, whatever it held, expiring after `px`.
+    async fn put(&self, key: &IdempotencyKey, record: &Record, px: Duration) -> Result<(), Error> {
         ::redis::cmd("SET")
             .arg(key.as_str())
             .arg(&record.encode()[..])
             .arg("PX")
-            .arg(millis(lease))
+            .arg(millis(px))
             .exec_async(&mut self.conn.clone())
             .await
             .map_err(unavailable)
