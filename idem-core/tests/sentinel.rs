@@ -425,6 +425,11 @@ async fn a_wrong_url_fails_at_open() {
         .await
         .unwrap_err();
     assert!(err.is_io_error(), "{err}");
+    assert!(
+        err.to_string()
+            .contains(&format!("sentinels 127.0.0.1:{nobody}")),
+        "the error says whom it asked: {err}"
+    );
     // The right URL, for contrast.
     let mut conn = open(&sentinel).await;
     assert_eq!(port_of(&mut conn).await, primary.port());

@@ -59,7 +59,8 @@ use proc_macro::TokenStream;
 ///   (`IdempotencyLayer::transactional`): the claim, the handler's writes
 ///   through a `Tx<DB>` extractor and the stored response commit in one
 ///   database transaction, or none of them does. The handle's store must
-///   be a SQL store; on any other, requests to the handler get a 500
+///   be a SQL store, or a `TieredStore` in front of one; on any other,
+///   requests to the handler get a 500
 ///   `urn:idem:problem:misconfigured` problem (and an error log) rather than running
 ///   without the guarantee.
 /// - `shared_across_callers`: let every caller with the same key share one

@@ -112,7 +112,7 @@
 //!
 //! # Transactional mode
 //!
-//! On a SQL store, [`IdempotencyLayer::transactional`] (or the attribute's
+//! On a SQL store, or a `TieredStore` in front of one, [`IdempotencyLayer::transactional`] (or the attribute's
 //! `transactional`) makes the claim, the handler's writes and the stored
 //! response one database transaction, which the handler reaches through
 //! the `Tx` extractor: write through `&mut *tx`, never through the pool
@@ -160,7 +160,8 @@
 //!   `MySqlStore`, `SqliteStore`) and, with `axum`, the `Tx` extractor
 //!   for transactional mode.
 //! - `redis`: `RedisStore`, and `TieredStore` to put it in front of a
-//!   SQL store as the fast gate.
+//!   SQL store as the fast gate; `SentinelConnection`, the gate's
+//!   connection behind Redis Sentinel (no other feature needed).
 //! - `guards`: the business-side guards in `idem_tower::core::guards`
 //!   (state-machine compare-and-set, counters, one-time tokens, the inbox,
 //!   a lock), on the SQL and Redis features enabled.
@@ -221,7 +222,10 @@ pub use idem_core::sql::PgStore;
 pub use idem_core::sql::SqliteStore;
 pub use idem_core::{Error, ErrorKind, FingerprintSpec, KeyTemplate};
 #[cfg(feature = "redis")]
-pub use idem_core::{redis::RedisStore, tiered::TieredStore};
+pub use idem_core::{
+    redis::{RedisStore, SentinelConnection},
+    tiered::TieredStore,
+};
 
 /// What a store author needs: the [`IdempotencyStore`](store::IdempotencyStore)
 /// contract, its type-erased form, transactional mode and the values they

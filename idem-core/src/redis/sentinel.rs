@@ -144,7 +144,20 @@ impl SentinelConnection {
     ///
     /// As [`open`](Self::open).
     pub async fn open_with(url: &str, config: AsyncConnectionConfig) -> RedisResult<Self> {
-        Self::connect(SentinelUrl::parse(url)?.client()?, config).await
+        let url = SentinelUrl::parse(url)?;
+        let sentinels = url.addresses();
+        Self::connect(url.client()?, config).await.map_err(|err| {
+            // redis-rs says only "Connection refused": say whom we asked.
+            if err.is_io_error() {
+                RedisError::from((
+                    ErrorKind::Io,
+                    "no answer from the sentinels, or from the primary they name",
+                    format!("sentinels {sentinels}: {err}"),
+                ))
+            } else {
+                err
+            }
+        })
     }
 
     /// Connects through a sentinel client of your own, for what a URL cannot
@@ -516,6 +529,16 @@ impl SentinelUrl {
             username,
             password,
         })
+    }
+
+    /// The sentinels, `host:port,host:port`, for messages.
+    fn addresses(&self) -> String {
+        let addresses: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|(host, port)| format!("{host}:{port}"))
+            .collect();
+        addresses.join(",")
     }
 
     fn client(self) -> RedisResult<SentinelClient> {

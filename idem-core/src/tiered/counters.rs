@@ -34,7 +34,9 @@ pub struct TierStats {
     /// (Redis lost nothing), and a duplicate SQL found still in flight
     /// (which cannot be told from that race).
     pub fallback_caught: u64,
-    /// Times the breaker opened.
+    /// Times the breaker opened, a probe that failed (which opens it
+    /// again) included: it can exceed `breaker_recovered` by more than one
+    /// while the breaker is closed.
     pub breaker_opened: u64,
     /// Times a probe found Redis back and closed the breaker.
     pub breaker_recovered: u64,
