@@ -431,6 +431,8 @@ async fn build(kind: Kind, env: Env, delay: Duration) -> Result<Built, String> {
                 .busy_timeout(Duration::from_secs(5));
             let pool = SqlitePoolOptions::new()
                 .max_connections(pool)
+                // As the README advises for SQLite: no ping per acquire.
+                .test_before_acquire(false)
                 .connect_with(options)
                 .await
                 .map_err(|e| format!("SQLite at {}: {e}", path.display()))?;
