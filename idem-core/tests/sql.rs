@@ -137,3 +137,109 @@ async fn mysql_claims_leave_the_pooled_lock_wait_as_configured() {
     assert_eq!(wait, 7, "the claim's no-wait setting leaked into the pool");
     open.rollback().await.expect("rollback");
 }
+
+/// SQLite: the store's own writes in one process take turns instead of
+/// meeting SQLite's busy handler. With `busy_timeout` zero, any write that
+/// found another connection writing would fail at once with `SQLITE_BUSY`;
+/// concurrent first requests on distinct keys, plain and transactional, on
+/// a pool of 8 from two threads, must all claim and complete, each with
+/// exactly one effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_writes_of_one_store_take_turns_instead_of_failing_busy() {
+    use idem_core::sql::sqlx::{self, Sqlite};
+    use idem_core::store::{IdempotencyStore, TransactionalStore, TxClaim};
+    use idem_core::{Claim, Fingerprint, IdempotencyKey, Outcome, OwnerToken, StoredResponse};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    const REQUESTS: usize = 48;
+    let path = std::env::temp_dir().join(format!("idem-test-turns-{:016x}.db", rand_u64()));
+    let options = SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(Duration::ZERO);
+    let pool = SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(options)
+        .await
+        .expect("a SQLite file in the temp directory");
+    sqlx::query("CREATE TABLE effects (k TEXT NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let store = SqliteStore::new(pool.clone());
+    store.migrate().await.expect("migrate");
+    let done = || {
+        Outcome::Response(StoredResponse::new(
+            http::StatusCode::CREATED,
+            http::HeaderMap::new(),
+            "done",
+        ))
+    };
+    let (lease, keep) = (Duration::from_secs(30), Duration::from_secs(600));
+
+    let mut tasks = tokio::task::JoinSet::new();
+    let ran = Arc::new(AtomicUsize::new(0));
+    for n in 0..REQUESTS {
+        let (store, ran) = (store.clone(), Arc::clone(&ran));
+        tasks.spawn(async move {
+            let key = IdempotencyKey::new("idem-test:", &format!("turns:{n}"));
+            let fp = Fingerprint::from_bytes([7; 32]);
+            let owner = OwnerToken::generate();
+            if n % 2 == 0 {
+                let claim = store.claim(&key, &fp, lease, owner).await;
+                let Ok(Claim::Acquired(owner)) = claim else {
+                    return Err(format!("plain claim {n}: {claim:?}"));
+                };
+                // The handler's effect; not a write of the database, which
+                // would meet SQLite's lock outside the store's turns.
+                ran.fetch_add(1, Ordering::SeqCst);
+                let completed = store.complete(&key, &owner, &done(), keep).await;
+                completed.map_err(|err| format!("plain completion {n}: {err}"))
+            } else {
+                let claim = store.claim_in_transaction(&key, &fp, lease, owner).await;
+                let Ok(TxClaim::Open(tx)) = claim else {
+                    return Err(format!("transactional claim {n}: {claim:?}"));
+                };
+                {
+                    let handle = tx.handle();
+                    let mut lease = handle.slot::<Sqlite>().unwrap().lease().await;
+                    sqlx::query("INSERT INTO effects (k) VALUES (?1)")
+                        .bind(format!("tx-{n}"))
+                        .execute(&mut **lease.as_mut().unwrap())
+                        .await
+                        .expect("the effect, in the claim's transaction");
+                }
+                let committed = tx.commit(&done(), keep).await;
+                committed.map_err(|err| format!("commit {n}: {err}"))
+            }
+        });
+    }
+    let mut failed = Vec::new();
+    while let Some(result) = tasks.join_next().await {
+        if let Err(err) = result.expect("no task panics") {
+            failed.push(err);
+        }
+    }
+    assert_eq!(failed, Vec::<String>::new(), "every write took its turn");
+    let count = |sql: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(ran.load(Ordering::SeqCst), REQUESTS / 2, "plain handlers");
+    assert_eq!(
+        count("SELECT COUNT(*) FROM effects").await,
+        (REQUESTS / 2) as i64,
+        "transactional handlers' writes"
+    );
+    assert_eq!(
+        count("SELECT COUNT(*) FROM idem_records WHERE state = 'C'").await,
+        REQUESTS as i64
+    );
+}

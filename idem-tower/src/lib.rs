@@ -134,7 +134,8 @@
 //! - A crash rolls the transaction back, writes and claim together, and
 //!   frees the key at once, behind the Redis gate too.
 //! - SQLite has one writer at a time: an open claim holds the write lock for
-//!   its whole handler, and other transactional claims wait for it.
+//!   its whole handler, and other transactional claims wait for it (in this
+//!   process in order, for their turn).
 //!
 //! # Observability
 //!

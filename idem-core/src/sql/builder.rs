@@ -46,8 +46,10 @@ impl<DB: Dialect> SqlStoreBuilder<DB> {
     /// How long statements in a claim's transaction wait for row locks
     /// ([`DEFAULT_LOCK_TIMEOUT`]): the handler's own writes through `Tx`.
     /// A duplicate of a claim held by another transaction does not wait:
-    /// it answers "in flight" at once. SQLite waits for its pool's
-    /// `busy_timeout` instead.
+    /// it answers "in flight" at once. On SQLite, the longest a
+    /// transactional claim waits for its turn to write among this process's
+    /// claims (then "in flight"); claims of other processes wait for the
+    /// pool's `busy_timeout`.
     pub fn lock_timeout(mut self, timeout: Duration) -> Self {
         self.lock_timeout = timeout;
         self

@@ -89,10 +89,18 @@
 //!
 //! SQLite has one writer at a time: an open claim holds the database's
 //! write lock for its whole handler, so every other transactional claim,
-//! whatever its key, waits for it on the pool's `busy_timeout`, and a wait
-//! that runs out is answered "in flight". In-process duplicates are still
-//! answered from memory. Keep SQLite's transactional handlers short, or
-//! use PostgreSQL for concurrent writers.
+//! whatever its key, waits for it: in this process for its turn (in order,
+//! up to [`SqlStoreBuilder::lock_timeout`]), from other processes on the
+//! pool's `busy_timeout`; a wait that runs out is answered "in flight".
+//! In-process duplicates are still answered from memory. Keep SQLite's
+//! transactional handlers short, or use PostgreSQL for concurrent writers.
+//!
+//! # One writer at a time
+//!
+//! On SQLite the store's writes in this process take turns, first come
+//! first served, before they take a connection: SQLite's own way, a busy
+//! handler that sleeps and tries again, left most of a contended write's
+//! time asleep. A plain claim's read does not take a turn.
 
 mod builder;
 mod dialect;
@@ -106,10 +114,13 @@ mod slot;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod transactional;
+mod writer;
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
+
+use sqlx::pool::PoolConnection;
 
 pub use builder::SqlStoreBuilder;
 pub use dialect::Dialect;
@@ -121,6 +132,7 @@ pub use slot::{TxLease, TxSlot};
 /// The sqlx crate this store is built on, so your pool is the very type the
 /// store takes.
 pub use sqlx;
+use writer::{Turn, WriterTurns};
 
 use crate::{Claim, Error, ErrorKind, Fingerprint, IdempotencyKey, OwnerToken};
 
@@ -184,6 +196,7 @@ struct Inner<DB: Dialect> {
     queries: Queries,
     lock_timeout: Duration,
     open: Arc<OpenClaims>,
+    writer: WriterTurns,
 }
 
 impl<DB: Dialect> Clone for SqlStore<DB> {
@@ -242,6 +255,7 @@ impl<DB: Dialect> SqlStore<DB> {
                 table,
                 lock_timeout,
                 open: Arc::new(OpenClaims::new(max)),
+                writer: WriterTurns::new(DB::ONE_WRITER),
             }),
         }
     }
@@ -281,6 +295,20 @@ impl<DB: Dialect> SqlStore<DB> {
                 return Ok(total);
             }
         }
+    }
+
+    /// The turn to write (on a database with one writer; see `writer`),
+    /// then a connection: in this order, so that no connection is held
+    /// while waiting for the turn.
+    async fn write_connection(&self) -> Result<(Turn, PoolConnection<DB>), Error> {
+        let timeout = self.inner.pool.options().get_acquire_timeout();
+        let turn = self.inner.writer.wait(timeout).await.ok_or_else(|| {
+            Error::unavailable(format!(
+                "no turn to write among this store's writes within {timeout:?}"
+            ))
+        })?;
+        let conn = self.inner.pool.acquire().await.map_err(unavailable)?;
+        Ok((turn, conn))
     }
 
     /// Claims on `conn` (`key_hash` is `key`'s), retrying while the row in

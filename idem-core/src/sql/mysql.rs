@@ -141,6 +141,7 @@ impl Dialect for MySql {
     }
 
     const CLAIM_READS_FIRST: bool = false;
+    const ONE_WRITER: bool = false;
 
     async fn claim(
         conn: &mut MySqlConnection,

@@ -1,5 +1,6 @@
 //! Plain mode on SQL: each transition is one statement on a connection from
-//! the pool, and a claim lives by its lease.
+//! the pool (taken after the turn to write, on SQLite: `writer.rs`), and a
+//! claim lives by its lease.
 
 use std::time::Duration;
 
@@ -34,6 +35,16 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         {
             return Ok(answer);
         }
+        // The claim writes. Where writers take turns, the read's connection
+        // goes back to the pool while this one waits for its turn.
+        let _turn = if self.inner.writer.one_at_a_time() {
+            drop(conn);
+            let (turn, writer) = self.write_connection().await?;
+            conn = writer;
+            Some(turn)
+        } else {
+            None
+        };
         self.claim_on(&mut conn, key, &hash, fingerprint, lease, owner)
             .await
             .map_err(unavailable)
@@ -46,7 +57,7 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         outcome: &Outcome,
         retention: Duration,
     ) -> Result<(), Error> {
-        let mut conn = self.inner.pool.acquire().await.map_err(unavailable)?;
+        let (_turn, mut conn) = self.write_connection().await?;
         let done = DB::complete(
             &mut conn,
             &self.inner.queries,
@@ -61,7 +72,7 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
     }
 
     async fn release(&self, key: &IdempotencyKey, owner: &OwnerToken) -> Result<(), Error> {
-        let mut conn = self.inner.pool.acquire().await.map_err(unavailable)?;
+        let (_turn, mut conn) = self.write_connection().await?;
         let done = DB::release(&mut conn, &self.inner.queries, &key_hash(key), owner)
             .await
             .map_err(unavailable)?;
@@ -74,7 +85,7 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         owner: &OwnerToken,
         lease: Duration,
     ) -> Result<(), Error> {
-        let mut conn = self.inner.pool.acquire().await.map_err(unavailable)?;
+        let (_turn, mut conn) = self.write_connection().await?;
         let done = DB::renew(
             &mut conn,
             &self.inner.queries,

@@ -138,6 +138,7 @@ impl Dialect for Postgres {
     }
 
     const CLAIM_READS_FIRST: bool = true;
+    const ONE_WRITER: bool = false;
 
     async fn claim(
         conn: &mut PgConnection,

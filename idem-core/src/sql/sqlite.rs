@@ -1,8 +1,9 @@
 //! SQLite: `INSERT ... ON CONFLICT DO UPDATE ... WHERE expired RETURNING`
 //! claims or takes over; the clock is SQLite's `julianday('now')` in Unix
 //! milliseconds. One writer at a time: a transactional claim holds the
-//! database's write lock until it commits, and claims that write meanwhile
-//! wait for the pool's `busy_timeout` (duplicates of a live key only read).
+//! database's write lock until it commits; the store's writes in this
+//! process take turns (`writer.rs`), and those of other processes wait for
+//! the pool's `busy_timeout` (duplicates of a live key only read).
 
 use std::time::Duration;
 
@@ -123,6 +124,7 @@ impl Dialect for Sqlite {
     }
 
     const CLAIM_READS_FIRST: bool = false;
+    const ONE_WRITER: bool = true;
 
     /// A returned row means the claim inserted or took over the record;
     /// otherwise read what is in the way.
@@ -146,9 +148,10 @@ impl Dialect for Sqlite {
         _: &[u8; 32],
         _: Duration,
     ) -> Result<bool, sqlx::Error> {
-        // One writer at a time: a claim waits for the database's write lock
-        // on the connection's busy_timeout (set on the pool), whichever key
-        // the writer holds. In-process duplicates never get here (see
+        // One writer at a time: this process's claims have taken their
+        // turn already (`writer.rs`); one of another process's waits for
+        // the write lock on the connection's busy_timeout (set on the
+        // pool). In-process duplicates never get here (see
         // `SqlStore::claim_in_transaction`).
         Ok(true)
     }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::open::{Check, Held, Marked};
-use super::{Dialect, SqlStore, TxSlot, key_hash, millis, unavailable};
+use super::{Dialect, SqlStore, Turn, TxSlot, key_hash, millis, unavailable};
 use crate::store::{BoxFuture, OpenTransaction, TransactionalStore, TxClaim, TxHandle};
 use crate::{Claim, Duplicate, Error, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
 
@@ -51,6 +51,13 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
                     "no turn among the {} open transactional claims within {acquire_timeout:?}",
                     inner.open.max()
                 )));
+            };
+            // On SQLite the transaction holds the write lock from its claim
+            // to its commit: it takes the turn to write for all of it, and
+            // a turn that does not come in time is answered as SQLite's lock
+            // would be.
+            let Some(turn) = inner.writer.wait(inner.lock_timeout).await else {
+                return in_flight;
             };
             let mut tx = inner.pool.begin().await.map_err(unavailable)?;
             // Another process's open claim of the key: in flight, answered
@@ -110,6 +117,7 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
                 key_hash: hash,
                 owner,
                 _held: held,
+                _turn: turn,
             })))
         })
     }
@@ -136,8 +144,11 @@ struct SqlOpenTransaction<DB: Dialect> {
     store: SqlStore<DB>,
     key_hash: [u8; 32],
     owner: OwnerToken,
-    /// The key's mark and the turn, given up with the transaction.
+    /// The key's mark and the turn among open claims, given up with the
+    /// transaction.
     _held: Held,
+    /// The turn to write, on SQLite; given up with the transaction.
+    _turn: Turn,
 }
 
 impl<DB: Dialect> OpenTransaction for SqlOpenTransaction<DB> {

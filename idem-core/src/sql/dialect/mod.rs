@@ -123,6 +123,11 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
     #[doc(hidden)]
     const CLAIM_READS_FIRST: bool;
 
+    /// Whether the database lets one connection write at a time, so that
+    /// the store's writes take turns in the process (see `sql/writer.rs`).
+    #[doc(hidden)]
+    const ONE_WRITER: bool;
+
     #[doc(hidden)]
     fn claim(
         conn: &mut Self::Connection,
