@@ -243,3 +243,194 @@ async fn sqlite_writes_of_one_store_take_turns_instead_of_failing_busy() {
         REQUESTS as i64
     );
 }
+
+/// PostgreSQL: a transactional claim holds its key by an advisory lock and
+/// writes its record once, completed, at commit. While it is open nothing
+/// is in the table (a crash leaves nothing behind), another process's
+/// transactional claim is told "in flight" and a plain claim waits, then
+/// replays; a live record that got into the table meanwhile makes the
+/// commit fail, with none of its writes; an expired record is taken over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_transactional_claims_write_their_record_at_commit() {
+    use idem_core::sql::sqlx::{self, Postgres};
+    use idem_core::store::{IdempotencyStore, OpenTransaction, TransactionalStore, TxClaim};
+    use idem_core::{Claim, Duplicate, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
+    use idem_core::{StoredResponse, conformance::postgres_url};
+
+    let Some(store) = postgres().await else {
+        return;
+    };
+    let pool = store.pool().clone();
+    sqlx::query("CREATE TABLE IF NOT EXISTS idem_test_pg_effects (k TEXT NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let elsewhere = PgStore::builder(
+        PgPoolOptions::new()
+            .max_connections(4)
+            .connect(&postgres_url())
+            .await
+            .unwrap(),
+    )
+    .build()
+    .unwrap();
+    let run = rand_u64();
+    let key =
+        |name: &str| IdempotencyKey::new("idem-test:", &format!("pg-at-commit:{run:016x}:{name}"));
+    let fp = Fingerprint::from_bytes([5; 32]);
+    let lease = Duration::from_secs(30);
+    let outcome = |body: &'static str| {
+        Outcome::Response(StoredResponse::new(
+            http::StatusCode::CREATED,
+            http::HeaderMap::new(),
+            body,
+        ))
+    };
+    let open = |store: &PgStore, key: &IdempotencyKey| {
+        let (store, key) = (store.clone(), key.clone());
+        async move {
+            store
+                .claim_in_transaction(&key, &fp, lease, OwnerToken::generate())
+                .await
+                .expect("PostgreSQL answers")
+        }
+    };
+    let write = |tx: &dyn OpenTransaction, effect: String| {
+        let handle = tx.handle();
+        async move {
+            let mut lease = handle.slot::<Postgres>().unwrap().lease().await;
+            sqlx::query("INSERT INTO idem_test_pg_effects (k) VALUES ($1)")
+                .bind(effect)
+                .execute(&mut **lease.as_mut().unwrap())
+                .await
+                .expect("the effect, in the claim's transaction");
+        }
+    };
+    let rows = |key: &IdempotencyKey| {
+        let (pool, key) = (pool.clone(), key.as_str().to_owned());
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM idem_records WHERE idem_key = $1")
+                .bind(key)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let effects = |effect: String| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM idem_test_pg_effects WHERE k = $1")
+                .bind(effect)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+
+    // Open: no record yet, another process told "in flight"; committed: one
+    // completed record, replayed.
+    let first = key("first");
+    let TxClaim::Open(tx) = open(&store, &first).await else {
+        panic!("a fresh key is acquired");
+    };
+    write(&*tx, format!("{run}-first")).await;
+    {
+        // Seen from inside the transaction itself.
+        let handle = tx.handle();
+        let mut lease = handle.slot::<Postgres>().unwrap().lease().await;
+        let inside: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM idem_records WHERE idem_key = $1")
+                .bind(first.as_str())
+                .fetch_one(&mut **lease.as_mut().unwrap())
+                .await
+                .unwrap();
+        assert_eq!(inside, 0, "nothing written before the commit");
+    }
+    let duplicate = open(&elsewhere, &first).await;
+    assert!(
+        matches!(duplicate, TxClaim::Duplicate(Duplicate::InFlight { .. })),
+        "{duplicate:?}"
+    );
+    tx.commit(&outcome("first"), lease).await.expect("commit");
+    assert_eq!(rows(&first).await, 1);
+    assert_eq!(effects(format!("{run}-first")).await, 1);
+    let replay = elsewhere
+        .claim(&first, &fp, lease, OwnerToken::generate())
+        .await
+        .unwrap();
+    assert_eq!(replay, Claim::Replay(outcome("first")));
+
+    // A plain claim of the key while the transaction is open waits for it
+    // (the advisory lock, shared), then replays what it committed.
+    let waited = key("waited");
+    let TxClaim::Open(tx) = open(&store, &waited).await else {
+        panic!("a fresh key is acquired");
+    };
+    write(&*tx, format!("{run}-waited")).await;
+    let plain = tokio::spawn({
+        let (elsewhere, waited) = (elsewhere.clone(), waited.clone());
+        async move {
+            elsewhere
+                .claim(&waited, &fp, lease, OwnerToken::generate())
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !plain.is_finished(),
+        "the plain claim waits for the transaction"
+    );
+    tx.commit(&outcome("waited"), lease).await.expect("commit");
+    assert_eq!(
+        plain.await.unwrap().unwrap(),
+        Claim::Replay(outcome("waited"))
+    );
+    assert_eq!(effects(format!("{run}-waited")).await, 1);
+
+    // The unique index is the last word: a live record that got into the
+    // table meanwhile, by any path, makes the commit fail, and none of the
+    // transaction's writes stay.
+    let raced = key("raced");
+    let TxClaim::Open(tx) = open(&store, &raced).await else {
+        panic!("a fresh key is acquired");
+    };
+    write(&*tx, format!("{run}-raced")).await;
+    sqlx::query(
+        "INSERT INTO idem_records (key_hash, idem_key, state, owner, fingerprint, expires_at) \
+         VALUES ($1, $2, 'I', $3, $4, now() + interval '1 minute')",
+    )
+    .bind(&blake3::hash(raced.as_str().as_bytes()).as_bytes()[..])
+    .bind(raced.as_str())
+    .bind(&OwnerToken::generate().as_bytes()[..])
+    .bind(&fp.as_bytes()[..])
+    .execute(&pool)
+    .await
+    .expect("a live record written past the store");
+    assert!(tx.commit(&outcome("tx"), lease).await.is_err(), "refused");
+    assert_eq!(effects(format!("{run}-raced")).await, 0, "rolled back");
+
+    // An expired record is taken over at commit.
+    let expired = key("expired");
+    let Claim::Acquired(owner) = store
+        .claim(&expired, &fp, lease, OwnerToken::generate())
+        .await
+        .unwrap()
+    else {
+        panic!("a fresh key is acquired");
+    };
+    store
+        .complete(&expired, &owner, &outcome("old"), Duration::from_millis(50))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let TxClaim::Open(tx) = open(&store, &expired).await else {
+        panic!("an expired key is acquired");
+    };
+    tx.commit(&outcome("new"), lease).await.expect("takes over");
+    assert_eq!(rows(&expired).await, 1);
+    let replay = store
+        .claim(&expired, &fp, lease, OwnerToken::generate())
+        .await
+        .unwrap();
+    assert_eq!(replay, Claim::Replay(outcome("new")));
+}

@@ -61,14 +61,23 @@
 //! # Transactional mode
 //!
 //! Each store is also a
-//! [`TransactionalStore`](crate::store::TransactionalStore): the claim row,
+//! [`TransactionalStore`](crate::store::TransactionalStore): the claim,
 //! the handler's business writes and the stored response commit in one
 //! transaction. See [`store`](crate::store) and the `Tx` extractor of
 //! `idem-tower`. A claim in transactional mode lives exactly as long as its
-//! transaction: a crash rolls it back and frees the key at once. On
-//! SQLite and MySQL/MariaDB a transactional claim writes first, without the
-//! read before (see the comment in `claim_in_transaction`); PostgreSQL's
-//! claim is one statement, the same in both modes.
+//! transaction: a crash rolls it back and frees the key at once.
+//!
+//! | database | what holds the key while the transaction is open | at commit |
+//! |---|---|---|
+//! | PostgreSQL | a transaction-scoped advisory lock on the key (`pg_try_advisory_xact_lock`), then a plain read of the row: a live one answers, and nothing is written | the completed row is inserted (or takes over an expired one): one row version per request |
+//! | SQLite, MySQL/MariaDB | the claim's row, written first, without the read before (see the comment in `claim_in_transaction`) | the row is completed |
+//!
+//! On PostgreSQL plain claims take the same lock, shared: they never wait
+//! for one another, and one that meets an open transactional claim of its
+//! key waits for it, then answers from the row it committed. The unique
+//! index is still the last word at commit: a live row that got into the
+//! table meanwhile (written past the store) makes the insert find it, the
+//! commit fail, and none of the handler's writes stay.
 //!
 //! A duplicate never waits on the first's transaction while holding a
 //! connection:
@@ -76,10 +85,9 @@
 //! - a duplicate of a key this process has open is answered "in flight"
 //!   from memory, with no connection;
 //! - a duplicate from another process takes a connection for one statement
-//!   and learns "in flight" without waiting: PostgreSQL tries a
-//!   transaction-scoped advisory lock on the key
-//!   (`pg_try_advisory_xact_lock`, in the same round trip as the lock
-//!   timeout); MariaDB runs the claim with no lock wait
+//!   and learns "in flight" without waiting: PostgreSQL tries the
+//!   key's advisory lock (in the same round trip as the lock timeout);
+//!   MariaDB runs the claim with no lock wait
 //!   (`innodb_lock_wait_timeout = 0`; MySQL's least is 1 s, so there the
 //!   duplicate waits up to a second);
 //! - at most [`SqlStoreBuilder::max_transactions`] claims are open at once (half
@@ -311,8 +319,10 @@ impl<DB: Dialect> SqlStore<DB> {
         Ok((turn, conn))
     }
 
-    /// Claims on `conn` (`key_hash` is `key`'s), retrying while the row in
-    /// the way vanishes or expires between statements.
+    /// Claims on `conn` (`key_hash` is `key`'s), in the transaction open on
+    /// it if `in_transaction`, retrying while the row in the way vanishes or
+    /// expires between statements.
+    #[allow(clippy::too_many_arguments)] // one claim's values, passed through
     async fn claim_on(
         &self,
         conn: &mut DB::Connection,
@@ -321,6 +331,7 @@ impl<DB: Dialect> SqlStore<DB> {
         fingerprint: &Fingerprint,
         lease: Duration,
         owner: OwnerToken,
+        in_transaction: bool,
     ) -> Result<Claim, sqlx::Error> {
         for _ in 0..CLAIM_ATTEMPTS {
             let args = ClaimArgs {
@@ -330,7 +341,13 @@ impl<DB: Dialect> SqlStore<DB> {
                 owner: &owner,
                 lease_ms: millis(lease),
             };
-            match DB::claim(conn, &self.inner.queries, args).await? {
+            let queries = &self.inner.queries;
+            let step = if in_transaction {
+                DB::tx_claim(conn, queries, args).await?
+            } else {
+                DB::claim(conn, queries, args).await?
+            };
+            match step {
                 ClaimStep::Acquired => return Ok(Claim::Acquired(owner)),
                 ClaimStep::Vanished => continue,
                 ClaimStep::Existing(row) => match row.answer(fingerprint) {

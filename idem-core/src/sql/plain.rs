@@ -45,7 +45,7 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         } else {
             None
         };
-        self.claim_on(&mut conn, key, &hash, fingerprint, lease, owner)
+        self.claim_on(&mut conn, key, &hash, fingerprint, lease, owner, false)
             .await
             .map_err(unavailable)
     }

@@ -1,6 +1,8 @@
 //! PostgreSQL: one statement reads the key's live row and, only if there is
 //! none, claims or takes over with `INSERT ... ON CONFLICT DO UPDATE ...
-//! WHERE expired RETURNING`; the clock is `now()`.
+//! WHERE expired RETURNING`; a transactional claim holds the key by an
+//! advisory lock and inserts its completed row at commit; the clock is
+//! `now()`.
 
 use std::time::Duration;
 
@@ -60,21 +62,25 @@ impl Dialect for Postgres {
         let (now, left) = (Self::NOW, Self::ms_until("expires_at"));
         let expires = Self::now_plus_ms;
         Queries {
-            // `live` and the insert see one snapshot: with a live row the
+            // `turn` first waits out a transactional claim of the key, which
+            // holds the key's advisory lock (exclusive) and has written no
+            // row yet; plain claims share the lock and never wait for each
+            // other. `live` and the insert see one snapshot: with a live row the
             // insert has nothing to insert, so it neither locks the row nor
             // writes, and the row is returned to answer from. Without one,
             // the upsert arbitrates as the unique index decides; a claim
             // that committed after the snapshot makes it return nothing, and
             // the caller reads that row.
             claim: format!(
-                "WITH live AS ( \
+                "WITH turn AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared($6)), \
+                 live AS ( \
                    SELECT state::text AS state, owner, fingerprint, outcome, {left} AS ms_left \
                    FROM {table} WHERE key_hash = $1 AND expires_at > {now} \
                  ), claimed AS ( \
                    INSERT INTO {table} AS r \
                      (key_hash, idem_key, state, owner, fingerprint, outcome, expires_at) \
                    SELECT $1, $2, 'I', $3, $4, NULL, {lease_end} \
-                   WHERE NOT EXISTS (SELECT 1 FROM live) \
+                   WHERE EXISTS (SELECT 1 FROM turn) AND NOT EXISTS (SELECT 1 FROM live) \
                    ON CONFLICT (key_hash) DO UPDATE SET \
                      idem_key = EXCLUDED.idem_key, state = 'I', owner = EXCLUDED.owner, \
                      fingerprint = EXCLUDED.fingerprint, outcome = NULL, \
@@ -115,6 +121,23 @@ impl Dialect for Postgres {
                    LIMIT $1 FOR UPDATE SKIP LOCKED)"
             )
             .into(),
+            // A live row in the way (none can be there while the advisory
+            // lock is held, unless written past the store) inserts nothing:
+            // the caller rolls back.
+            insert_completed: Some(
+                format!(
+                    "INSERT INTO {table} AS r \
+                       (key_hash, idem_key, state, owner, fingerprint, outcome, expires_at) \
+                     VALUES ($1, $2, 'C', NULL, $3, $4, {retention_end}) \
+                     ON CONFLICT (key_hash) DO UPDATE SET \
+                       idem_key = EXCLUDED.idem_key, state = 'C', owner = NULL, \
+                       fingerprint = EXCLUDED.fingerprint, outcome = EXCLUDED.outcome, \
+                       expires_at = EXCLUDED.expires_at, created_at = {now} \
+                     WHERE r.expires_at <= {now}",
+                    retention_end = expires("$5"),
+                )
+                .into(),
+            ),
         }
     }
 
@@ -146,6 +169,7 @@ impl Dialect for Postgres {
         args: ClaimArgs<'_>,
     ) -> Result<ClaimStep, sqlx::Error> {
         let row = bind_all(sqlx::query(AssertSqlSafe(q.claim.clone())), &args.values())
+            .bind(advisory_key(args.key_hash))
             .fetch_one(&mut *conn)
             .await?;
         if row.try_get::<bool, _>(0)? {
@@ -182,6 +206,47 @@ impl Dialect for Postgres {
         .fetch_one(&mut *conn)
         .await?;
         row.try_get(0)
+    }
+
+    async fn tx_claim(
+        conn: &mut PgConnection,
+        q: &Queries,
+        args: ClaimArgs<'_>,
+    ) -> Result<ClaimStep, sqlx::Error> {
+        // `begin_claim`'s advisory lock holds the key until the transaction
+        // ends, against every other transactional claim; so the claim only
+        // reads, in a statement after the lock's (its snapshot sees whatever
+        // the lock's last holder committed), and the row is written once, at
+        // commit, completed. No row to update, no dead version of it left
+        // behind, and a crash leaves nothing to clean up.
+        Ok(match Self::read(conn, q, args.key_hash).await? {
+            Some(row) if row.ms_left > 0 => ClaimStep::Existing(row),
+            // Absent or expired: `tx_complete` inserts or takes over.
+            _ => ClaimStep::Acquired,
+        })
+    }
+
+    async fn tx_complete(
+        conn: &mut PgConnection,
+        q: &Queries,
+        args: ClaimArgs<'_>,
+        outcome: &[u8],
+        retention_ms: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let Some(insert) = &q.insert_completed else {
+            return Err(sqlx::Error::Protocol(
+                "PostgreSQL's statements have no insert of a completed row".into(),
+            ));
+        };
+        let done = sqlx::query(AssertSqlSafe(insert.clone()))
+            .bind(&args.key_hash[..])
+            .bind(args.key)
+            .bind(&args.fingerprint.as_bytes()[..])
+            .bind(outcome)
+            .bind(retention_ms)
+            .execute(&mut *conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     async fn end_claim(_: &mut PgConnection, _: Duration) -> Result<(), sqlx::Error> {

@@ -1,10 +1,13 @@
-//! Transactional mode on SQL: the claim row written in a transaction the
-//! handler then writes in, committed with the stored outcome.
+//! Transactional mode on SQL: a claim in a transaction the handler then
+//! writes in, committed with the stored outcome. On PostgreSQL an advisory
+//! lock holds the key and the completed row is inserted at commit; on
+//! MySQL/MariaDB and SQLite the claim's row, written first, holds it and is
+//! completed at commit.
 
 use std::time::Duration;
 
 use super::open::{Check, Held, Marked};
-use super::{Dialect, SqlStore, Turn, TxSlot, key_hash, millis, unavailable};
+use super::{ClaimArgs, Dialect, SqlStore, Turn, TxSlot, key_hash, millis, unavailable};
 use crate::store::{BoxFuture, OpenTransaction, TransactionalStore, TxClaim, TxHandle};
 use crate::{Claim, Duplicate, Error, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
 
@@ -69,9 +72,11 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
                 finish(tx).await;
                 return in_flight;
             }
-            // No separate read first here, unlike `claim`: in a transaction
-            // the claim writes before it reads (PostgreSQL's one statement
-            // reads and writes at once, which is safe in READ COMMITTED). A
+            // The claim (`Dialect::tx_claim`). On PostgreSQL it only reads:
+            // the advisory lock just taken holds the key until the
+            // transaction ends, and the completed row is written at commit.
+            // Elsewhere, unlike `claim`, nothing reads first: the claim
+            // writes its row before it reads. A
             // plain read cannot see another transaction's uncommitted claim,
             // and it has effects: on MySQL/MariaDB (REPEATABLE READ) it fixes
             // the transaction's read view, so the handler would read its data
@@ -79,7 +84,7 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
             // reader, and a reader that another connection's commit overtook
             // cannot become the writer (SQLITE_BUSY_SNAPSHOT).
             let claimed = self
-                .claim_on(&mut tx, key, &hash, fingerprint, lease, owner)
+                .claim_on(&mut tx, key, &hash, fingerprint, lease, owner, true)
                 .await
                 .map(Claim::acquired);
             DB::end_claim(&mut tx, inner.lock_timeout)
@@ -114,7 +119,9 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
             Ok(TxClaim::Open(Box::new(SqlOpenTransaction {
                 slot: TxSlot::new(tx),
                 store: self.clone(),
+                key: key.clone(),
                 key_hash: hash,
+                fingerprint: *fingerprint,
                 owner,
                 _held: held,
                 _turn: turn,
@@ -142,7 +149,9 @@ pub(super) fn default_max_transactions<DB: Dialect>(pool: &sqlx::Pool<DB>) -> us
 struct SqlOpenTransaction<DB: Dialect> {
     slot: TxSlot<DB>,
     store: SqlStore<DB>,
+    key: IdempotencyKey,
     key_hash: [u8; 32],
+    fingerprint: Fingerprint,
     owner: OwnerToken,
     /// The key's mark and the turn among open claims, given up with the
     /// transaction.
@@ -163,11 +172,17 @@ impl<DB: Dialect> OpenTransaction for SqlOpenTransaction<DB> {
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
             let mut tx = self.slot.take().await?;
-            let done = DB::complete(
+            let args = ClaimArgs {
+                key_hash: &self.key_hash,
+                key: self.key.as_str(),
+                fingerprint: &self.fingerprint,
+                owner: &self.owner,
+                lease_ms: 0,
+            };
+            let done = DB::tx_complete(
                 &mut tx,
                 &self.store.inner.queries,
-                &self.key_hash,
-                &self.owner,
+                args,
                 &outcome.encode(),
                 millis(retention),
             )

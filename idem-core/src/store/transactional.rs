@@ -60,7 +60,7 @@ pub trait OpenTransaction: Send + 'static {
     /// where its `Tx` extractor looks).
     fn handle(&self) -> TxHandle;
 
-    /// Records `outcome` for `retention` in the claim row and commits the
+    /// Records `outcome` for `retention` in the key's record and commits the
     /// transaction: the handler's writes and the outcome become durable
     /// together, or (on error) neither does.
     fn commit<'a>(

@@ -205,7 +205,7 @@ impl IdempotencyLayer {
 }
 
 impl IdempotencyLayer {
-    /// Transactional mode: the claim row, the handler's writes (through the
+    /// Transactional mode: the claim, the handler's writes (through the
     /// `Tx` extractor) and the stored response commit in one database
     /// transaction. A response the outcome policy does not keep, an error or
     /// a panic rolls all of it back, and so does a crash: there is never a

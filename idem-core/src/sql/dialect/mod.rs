@@ -194,6 +194,33 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
         timeout: Duration,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
+    /// The claim of a transactional claim, once [`Dialect::begin_claim`]
+    /// has taken the key. Where that lock alone holds the key to the end of
+    /// the transaction (PostgreSQL), a plain read: a live row answers,
+    /// anything else leaves the key to this claim, and nothing is written
+    /// until [`Dialect::tx_complete`]. Elsewhere [`Dialect::claim`], which
+    /// writes the claim's row.
+    #[doc(hidden)]
+    fn tx_claim(
+        conn: &mut Self::Connection,
+        queries: &Queries,
+        args: ClaimArgs<'_>,
+    ) -> impl Future<Output = Result<ClaimStep, sqlx::Error>> + Send;
+
+    /// Records a transactional claim's `outcome` before its commit:
+    /// inserts the completed row where [`Dialect::tx_claim`] wrote none
+    /// (or takes over an expired one), completes the claim's row elsewhere.
+    /// `true` if it was recorded; `false` means another claim's live row is
+    /// in the way, and the transaction must not commit.
+    #[doc(hidden)]
+    fn tx_complete(
+        conn: &mut Self::Connection,
+        queries: &Queries,
+        args: ClaimArgs<'_>,
+        outcome: &[u8],
+        retention_ms: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
     /// After the claim statement, on every path: sets how long the
     /// handler's own statements wait for row locks (`timeout`).
     #[doc(hidden)]

@@ -20,6 +20,10 @@ pub struct Queries {
     pub(crate) release: Arc<str>,
     pub(crate) renew: Arc<str>,
     pub(crate) purge: Arc<str>,
+    /// Where a transactional claim holds its key by a lock alone
+    /// (PostgreSQL): the completed row, inserted at commit or taking over an
+    /// expired one (key hash, key, fingerprint, outcome, retention in ms).
+    pub(crate) insert_completed: Option<Arc<str>>,
 }
 
 /// The values a claim writes.
