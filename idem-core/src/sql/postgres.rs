@@ -62,20 +62,24 @@ impl Dialect for Postgres {
         let (now, left) = (Self::NOW, Self::ms_until("expires_at"));
         let expires = Self::now_plus_ms;
         Queries {
-            // `turn` first waits out a transactional claim of the key, which
-            // holds the key's advisory lock (exclusive) and has written no
-            // row yet; plain claims share the lock and never wait for each
-            // other. `live` and the insert see one snapshot: with a live row the
+            // Without a live row, `turn` first waits out a transactional
+            // claim of the key, which holds the key's advisory lock
+            // (exclusive) and has written no row yet; plain claims share the
+            // lock and never wait for each other, and a duplicate of a live
+            // row takes no lock at all. `live` and the insert see one
+            // snapshot: with a live row the
             // insert has nothing to insert, so it neither locks the row nor
             // writes, and the row is returned to answer from. Without one,
             // the upsert arbitrates as the unique index decides; a claim
             // that committed after the snapshot makes it return nothing, and
             // the caller reads that row.
             claim: format!(
-                "WITH turn AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared($6)), \
-                 live AS ( \
+                "WITH live AS ( \
                    SELECT state::text AS state, owner, fingerprint, outcome, {left} AS ms_left \
                    FROM {table} WHERE key_hash = $1 AND expires_at > {now} \
+                 ), turn AS MATERIALIZED ( \
+                   SELECT CASE WHEN EXISTS (SELECT 1 FROM live) THEN NULL \
+                     ELSE pg_advisory_xact_lock_shared($6) END \
                  ), claimed AS ( \
                    INSERT INTO {table} AS r \
                      (key_hash, idem_key, state, owner, fingerprint, outcome, expires_at) \
