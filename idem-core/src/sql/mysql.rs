@@ -107,6 +107,7 @@ impl Dialect for MySql {
             )
             .into(),
             purge: format!("DELETE FROM {table} WHERE expires_at < {now} LIMIT ?").into(),
+            #[cfg(feature = "postgres")]
             insert_completed: None,
         }
     }
@@ -178,25 +179,6 @@ impl Dialect for MySql {
             .execute(&mut *conn)
             .await
             .map(|_| true)
-    }
-
-    async fn tx_claim(
-        conn: &mut MySqlConnection,
-        q: &Queries,
-        args: ClaimArgs<'_>,
-    ) -> Result<ClaimStep, sqlx::Error> {
-        // The claim's row, written in the transaction, holds the key.
-        Self::claim(conn, q, args).await
-    }
-
-    async fn tx_complete(
-        conn: &mut MySqlConnection,
-        q: &Queries,
-        args: ClaimArgs<'_>,
-        outcome: &[u8],
-        retention_ms: i64,
-    ) -> Result<bool, sqlx::Error> {
-        Self::complete(conn, q, args.key_hash, args.owner, outcome, retention_ms).await
     }
 
     async fn end_claim(conn: &mut MySqlConnection, timeout: Duration) -> Result<(), sqlx::Error> {

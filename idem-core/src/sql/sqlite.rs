@@ -100,6 +100,7 @@ impl Dialect for Sqlite {
                    SELECT key_hash FROM {table} WHERE expires_at < {now} LIMIT ?1)"
             )
             .into(),
+            #[cfg(feature = "postgres")]
             insert_completed: None,
         }
     }
@@ -155,25 +156,6 @@ impl Dialect for Sqlite {
         // pool). In-process duplicates never get here (see
         // `SqlStore::claim_in_transaction`).
         Ok(true)
-    }
-
-    async fn tx_claim(
-        conn: &mut SqliteConnection,
-        q: &Queries,
-        args: ClaimArgs<'_>,
-    ) -> Result<ClaimStep, sqlx::Error> {
-        // The claim's row, written in the transaction, holds the key.
-        Self::claim(conn, q, args).await
-    }
-
-    async fn tx_complete(
-        conn: &mut SqliteConnection,
-        q: &Queries,
-        args: ClaimArgs<'_>,
-        outcome: &[u8],
-        retention_ms: i64,
-    ) -> Result<bool, sqlx::Error> {
-        Self::complete(conn, q, args.key_hash, args.owner, outcome, retention_ms).await
     }
 
     async fn end_claim(_: &mut SqliteConnection, _: Duration) -> Result<(), sqlx::Error> {

@@ -205,7 +205,10 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
         conn: &mut Self::Connection,
         queries: &Queries,
         args: ClaimArgs<'_>,
-    ) -> impl Future<Output = Result<ClaimStep, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<ClaimStep, sqlx::Error>> + Send {
+        // The claim's row, written in the transaction, holds the key.
+        Self::claim(conn, queries, args)
+    }
 
     /// Records a transactional claim's `outcome` before its commit:
     /// inserts the completed row where [`Dialect::tx_claim`] wrote none
@@ -219,7 +222,16 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
         args: ClaimArgs<'_>,
         outcome: &[u8],
         retention_ms: i64,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send {
+        Self::complete(
+            conn,
+            queries,
+            args.key_hash,
+            args.owner,
+            outcome,
+            retention_ms,
+        )
+    }
 
     /// After the claim statement, on every path: sets how long the
     /// handler's own statements wait for row locks (`timeout`).

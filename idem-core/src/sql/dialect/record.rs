@@ -23,6 +23,8 @@ pub struct Queries {
     /// Where a transactional claim holds its key by a lock alone
     /// (PostgreSQL): the completed row, inserted at commit or taking over an
     /// expired one (key hash, key, fingerprint, outcome, retention in ms).
+    /// `None` on the other databases, which complete the claim's row.
+    #[cfg(feature = "postgres")]
     pub(crate) insert_completed: Option<Arc<str>>,
 }
 
