@@ -64,8 +64,8 @@ impl SqlPool {
                 .busy_timeout(Duration::from_secs(10));
             // A file has no connection to go stale, and sqlx's test of an
             // idle connection at every acquire is one more trip to the
-            // connection's worker thread (about 13% of a first request's
-            // CPU in the benchmark).
+            // connection's worker thread (4-10% of a first request's CPU in
+            // the benchmark, synchronous NORMAL).
             let pool = SqlitePoolOptions::new()
                 .max_connections(max_connections.min(8))
                 .test_before_acquire(false);
