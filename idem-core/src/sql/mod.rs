@@ -72,9 +72,10 @@
 //! | PostgreSQL | a transaction-scoped advisory lock on the key (`pg_try_advisory_xact_lock`), then a plain read of the row: a live one answers, and nothing is written | the completed row is inserted (or takes over an expired one): one row version per request |
 //! | SQLite, MySQL/MariaDB | the claim's row, written first, without the read before (see the comment in `claim_in_transaction`) | the row is completed |
 //!
-//! On PostgreSQL plain claims take the same lock, shared: they never wait
-//! for one another, and one that meets an open transactional claim of its
-//! key waits for it, then answers from the row it committed. The unique
+//! On PostgreSQL a plain claim that finds no live row takes the same lock,
+//! shared: plain claims never wait for one another, and one that meets an
+//! open transactional claim of its key waits for it, then answers from the
+//! row it committed. The unique
 //! index is still the last word at commit: a live row that got into the
 //! table meanwhile (written past the store) makes the insert find it, the
 //! commit fail, and none of the handler's writes stay.
