@@ -76,13 +76,13 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
             // the advisory lock just taken holds the key until the
             // transaction ends, and the completed row is written at commit.
             // Elsewhere, unlike `claim`, nothing reads first: the claim
-            // writes its row before it reads. A
-            // plain read cannot see another transaction's uncommitted claim,
-            // and it has effects: on MySQL/MariaDB (REPEATABLE READ) it fixes
-            // the transaction's read view, so the handler would read its data
-            // as of before the claim; on SQLite it opens the transaction as a
-            // reader, and a reader that another connection's commit overtook
-            // cannot become the writer (SQLITE_BUSY_SNAPSHOT).
+            // writes its row before it reads. A plain read there cannot see
+            // another transaction's uncommitted claim, and it has effects: on
+            // MySQL/MariaDB (REPEATABLE READ) it fixes the transaction's read
+            // view, so the handler would read its data as of before the
+            // claim; on SQLite it opens the transaction as a reader, and a
+            // reader that another connection's commit overtook cannot become
+            // the writer (SQLITE_BUSY_SNAPSHOT).
             let claimed = self
                 .claim_on(&mut tx, key, &hash, fingerprint, lease, owner, true)
                 .await
