@@ -306,25 +306,28 @@ async fn postgres_transactional_claims_write_their_record_at_commit() {
                 .expect("the effect, in the claim's transaction");
         }
     };
-    let rows = |key: &IdempotencyKey| {
-        let (pool, key) = (pool.clone(), key.as_str().to_owned());
+    // `SELECT COUNT(*) ... WHERE {column} = $1`, on the pool.
+    let count = |sql: &'static str, value: String| {
+        let pool = pool.clone();
         async move {
-            sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM idem_records WHERE idem_key = $1")
-                .bind(key)
+            sqlx::query_scalar::<_, i64>(sql)
+                .bind(value)
                 .fetch_one(&pool)
                 .await
                 .unwrap()
         }
     };
+    let rows = |key: &IdempotencyKey| {
+        count(
+            "SELECT COUNT(*) FROM idem_records WHERE idem_key = $1",
+            key.as_str().to_owned(),
+        )
+    };
     let effects = |effect: String| {
-        let pool = pool.clone();
-        async move {
-            sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM idem_test_pg_effects WHERE k = $1")
-                .bind(effect)
-                .fetch_one(&pool)
-                .await
-                .unwrap()
-        }
+        count(
+            "SELECT COUNT(*) FROM idem_test_pg_effects WHERE k = $1",
+            effect,
+        )
     };
 
     // Open: no record yet, another process told "in flight"; committed: one
