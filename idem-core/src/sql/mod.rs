@@ -110,7 +110,16 @@
 //! first served, before they take a connection: SQLite's own way, a busy
 //! handler that sleeps and tries again, left most of a contended write's
 //! time asleep. A plain claim's read does not take a turn.
+//!
+//! Plain writes that arrive while the turn is taken wait for the next one
+//! together: a batch runs every waiting claim in one statement and every
+//! waiting completion in another, so under load a commit (and, with
+//! `synchronous = FULL`, an fsync) is shared by many requests. Each write
+//! is answered once the statement that carried it has committed, as if it
+//! had run alone; a claim whose caller gave up before its batch ran is
+//! skipped, and one acquired for a caller gone meanwhile is released.
 
+mod batch;
 mod builder;
 mod dialect;
 #[cfg(feature = "mysql")]
@@ -131,6 +140,7 @@ use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
 
+use batch::Batches;
 pub use builder::SqlStoreBuilder;
 pub use dialect::Dialect;
 use dialect::{ClaimArgs, ClaimStep, Queries};
@@ -206,6 +216,7 @@ struct Inner<DB: Dialect> {
     lock_timeout: Duration,
     open: Arc<OpenClaims>,
     writer: WriterTurns,
+    batches: Batches,
 }
 
 impl<DB: Dialect> Clone for SqlStore<DB> {
@@ -265,6 +276,7 @@ impl<DB: Dialect> SqlStore<DB> {
                 lock_timeout,
                 open: Arc::new(OpenClaims::new(max)),
                 writer: WriterTurns::new(DB::ONE_WRITER),
+                batches: Batches::default(),
             }),
         }
     }

@@ -1,9 +1,10 @@
 //! Plain mode on SQL: each transition is one statement on a connection from
-//! the pool (taken after the turn to write, on SQLite: `writer.rs`), and a
-//! claim lives by its lease.
+//! the pool (on SQLite, one of the batch of writes committed together:
+//! `batch.rs`), and a claim lives by its lease.
 
 use std::time::Duration;
 
+use super::batch::Write;
 use super::{Dialect, SqlStore, key_hash, millis, unavailable};
 use crate::store::TransactionalStore;
 use crate::{Claim, Error, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken};
@@ -35,16 +36,19 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         {
             return Ok(answer);
         }
-        // The claim writes. Where writers take turns, the read's connection
-        // goes back to the pool while this one waits for its turn.
-        let _turn = if self.inner.writer.one_at_a_time() {
+        // The claim writes: where writers take turns, in the next batch
+        // (`batch.rs`), with the read's connection back in the pool.
+        if self.inner.writer.one_at_a_time() {
             drop(conn);
-            let (turn, writer) = self.write_connection().await?;
-            conn = writer;
-            Some(turn)
-        } else {
-            None
-        };
+            let claim = Write::Claim {
+                key: key.clone(),
+                key_hash: hash,
+                fingerprint: *fingerprint,
+                lease,
+                owner,
+            };
+            return Ok(self.write(claim).await?.claim());
+        }
         self.claim_on(&mut conn, key, &hash, fingerprint, lease, owner, false)
             .await
             .map_err(unavailable)
@@ -57,26 +61,21 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         outcome: &Outcome,
         retention: Duration,
     ) -> Result<(), Error> {
-        let (_turn, mut conn) = self.write_connection().await?;
-        let done = DB::complete(
-            &mut conn,
-            &self.inner.queries,
-            &key_hash(key),
-            owner,
-            &outcome.encode(),
-            millis(retention),
-        )
-        .await
-        .map_err(unavailable)?;
-        Error::fenced(done)
+        let complete = Write::Complete {
+            key_hash: key_hash(key),
+            owner: *owner,
+            outcome: outcome.encode(),
+            retention_ms: millis(retention),
+        };
+        self.write(complete).await?.fenced()
     }
 
     async fn release(&self, key: &IdempotencyKey, owner: &OwnerToken) -> Result<(), Error> {
-        let (_turn, mut conn) = self.write_connection().await?;
-        let done = DB::release(&mut conn, &self.inner.queries, &key_hash(key), owner)
-            .await
-            .map_err(unavailable)?;
-        Error::fenced(done)
+        let release = Write::Release {
+            key_hash: key_hash(key),
+            owner: *owner,
+        };
+        self.write(release).await?.fenced()
     }
 
     async fn renew(
@@ -85,17 +84,12 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         owner: &OwnerToken,
         lease: Duration,
     ) -> Result<(), Error> {
-        let (_turn, mut conn) = self.write_connection().await?;
-        let done = DB::renew(
-            &mut conn,
-            &self.inner.queries,
-            &key_hash(key),
-            owner,
-            millis(lease),
-        )
-        .await
-        .map_err(unavailable)?;
-        Error::fenced(done)
+        let renew = Write::Renew {
+            key_hash: key_hash(key),
+            owner: *owner,
+            lease_ms: millis(lease),
+        };
+        self.write(renew).await?.fenced()
     }
 
     fn transactional(&self) -> Option<&dyn TransactionalStore> {

@@ -2,21 +2,27 @@
 //! claims or takes over; the clock is SQLite's `julianday('now')` in Unix
 //! milliseconds. One writer at a time: a transactional claim holds the
 //! database's write lock until it commits; the store's writes in this
-//! process take turns (`writer.rs`), and those of other processes wait for
-//! the pool's `busy_timeout` (duplicates of a live key only read).
+//! process take turns (`writer.rs`), its plain writes in batches of many
+//! per statement (`batch.rs`, `sqlite/many.rs`), and those of other
+//! processes wait for the pool's `busy_timeout` (duplicates of a live key
+//! only read).
 
 use std::time::Duration;
 
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{AssertSqlSafe, Sqlite};
 
+use super::batch::{Write, Written};
 use super::dialect::{
     ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, bind_all, has_code, record_row,
     run_migrations, sealed, shared_statements,
 };
 #[cfg(feature = "guards")]
 use super::dialect::{EventRow, Value, event_row, guard_statements, int_columns};
-use crate::OwnerToken;
+use super::{SqlStore, unavailable};
+use crate::{Error, OwnerToken};
+
+mod many;
 
 const MIGRATIONS: &[(i64, &str)] = &[(
     1,
@@ -65,14 +71,10 @@ impl Dialect for Sqlite {
             claim: format!(
                 "INSERT INTO {table} AS r \
                    (key_hash, idem_key, state, owner, fingerprint, outcome, expires_at) \
-                 VALUES (?1, ?2, 'I', ?3, ?4, NULL, {lease_end}) \
-                 ON CONFLICT (key_hash) DO UPDATE SET \
-                   idem_key = excluded.idem_key, state = 'I', owner = excluded.owner, \
-                   fingerprint = excluded.fingerprint, outcome = NULL, \
-                   expires_at = excluded.expires_at, created_at = {now} \
-                 WHERE r.expires_at <= {now} \
+                 VALUES (?1, ?2, 'I', ?3, ?4, NULL, {lease_end}) {take_over} \
                  RETURNING 1",
                 lease_end = expires("?5"),
+                take_over = take_over_expired(),
             )
             .into(),
             select: format!(
@@ -145,6 +147,27 @@ impl Dialect for Sqlite {
     }
     shared_statements!(SqliteConnection);
 
+    /// Every completion in one statement, then every claim in another
+    /// (`sqlite/many.rs`), the rest one at a time: a claim the statement
+    /// did not acquire, to read what is in the way; a release or renewal;
+    /// a second write of a key already in the statement.
+    async fn run_writes(
+        store: &SqlStore<Self>,
+        conn: &mut SqliteConnection,
+        writes: &[&Write],
+    ) -> Vec<Result<Written, Error>> {
+        let mut written: Vec<Option<Result<Written, Error>>> =
+            writes.iter().map(|_| None).collect();
+        many::complete(conn, store.table(), writes, &mut written).await;
+        many::claim(conn, store.table(), writes, &mut written).await;
+        for (answer, write) in written.iter_mut().zip(writes) {
+            if answer.is_none() {
+                *answer = Some(store.run_write(conn, write).await.map_err(unavailable));
+            }
+        }
+        written.into_iter().flatten().collect()
+    }
+
     async fn begin_claim(
         _: &mut SqliteConnection,
         _: &[u8; 32],
@@ -200,4 +223,17 @@ impl Dialect for Sqlite {
         sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut *tx).await?;
         tx.commit().await
     }
+}
+
+/// What a claim's insert does on meeting the key's row (`r`): takes it over
+/// if it expired, else nothing.
+fn take_over_expired() -> String {
+    let now = Sqlite::NOW;
+    format!(
+        "ON CONFLICT (key_hash) DO UPDATE SET \
+           idem_key = excluded.idem_key, state = 'I', owner = excluded.owner, \
+           fingerprint = excluded.fingerprint, outcome = NULL, \
+           expires_at = excluded.expires_at, created_at = {now} \
+         WHERE r.expires_at <= {now}"
+    )
 }

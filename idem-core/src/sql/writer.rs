@@ -8,15 +8,15 @@
 //! one before it is done. A turn is taken before a connection, never while
 //! holding one, so writers waiting for their turn leave the pool to readers.
 //!
-//! What takes a turn: each write of a plain claim (the claim, its
-//! completion, release and renewals; the read before a claim does not),
-//! waited for up to the pool's acquire timeout (then the store is
-//! unavailable); and a transactional claim for its whole transaction, since
-//! it holds SQLite's write lock from its claim to its commit, waited for up
-//! to the store's lock timeout (then the claim is answered "in flight", as
-//! a wait on SQLite's lock that runs out is). Writes of other
-//! processes, and the application's own writes outside the store, still
-//! meet SQLite's busy handler.
+//! What takes a turn: each batch of the store's plain writes (claims,
+//! completions, releases and renewals, run together: `batch.rs`; the read
+//! before a claim takes none), waited for up to the pool's acquire timeout
+//! (then its writes are answered "unavailable"); and a transactional claim
+//! for its whole transaction, since it holds SQLite's write lock from its
+//! claim to its commit, waited for up to the store's lock timeout (then the
+//! claim is answered "in flight", as a wait on SQLite's lock that runs out
+//! is). Writes of other processes, and the application's own writes outside
+//! the store, still meet SQLite's busy handler.
 
 use std::sync::Arc;
 use std::time::Duration;

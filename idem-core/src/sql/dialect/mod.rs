@@ -27,7 +27,9 @@ pub(crate) use record::{
     shared_statements,
 };
 
-use crate::OwnerToken;
+use super::SqlStore;
+use super::batch::{Write, Written};
+use crate::{Error, OwnerToken};
 
 /// A database idem keeps records in and runs its guards on: PostgreSQL
 /// (`sqlx::Postgres`), MySQL or MariaDB (`sqlx::MySql`), SQLite
@@ -174,6 +176,18 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
         owner: &OwnerToken,
         lease_ms: i64,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// Runs plain writes that came together, where writers take turns
+    /// ([`Dialect::ONE_WRITER`], `sql/batch.rs`), each answered in order.
+    /// One at a time unless the database has a statement for many at once.
+    #[doc(hidden)]
+    fn run_writes(
+        store: &SqlStore<Self>,
+        conn: &mut Self::Connection,
+        writes: &[&Write],
+    ) -> impl Future<Output = Vec<Result<Written, Error>>> + Send {
+        store.run_each(conn, writes)
+    }
 
     /// Deletes up to `batch` expired rows; how many it deleted.
     #[doc(hidden)]

@@ -1,0 +1,317 @@
+//! Group commit: the plain writes of a database with one writer at a time
+//! (SQLite), run together.
+//!
+//! A plain claim writes twice (the claim, then its completion), and on
+//! SQLite each write was a transaction of its own: a turn to write, a
+//! connection, a statement on the connection's worker thread, a commit (a
+//! WAL append, and an fsync with `synchronous = FULL`), then the turn
+//! handed to the next writer's task. One after the other, those hand-offs
+//! between threads bounded the store, with the machine half idle. Here a
+//! write joins a queue, and one runner takes all the writes waiting, on one
+//! turn and one connection, and the dialect runs them in as few statements
+//! as it can (`Dialect::run_writes`; SQLite: every claim in one statement,
+//! every completion in another, `sql/sqlite.rs`).
+//!
+//! - A write is answered once the statement that carried it has committed:
+//!   a claim is acquired only once its row is durable, as before.
+//! - A statement is all or nothing: one that fails fails the writes it
+//!   carried, and none of them stays. Writes are independent of one
+//!   another (each its own key and owner), so the batch needs no
+//!   transaction around its statements.
+//! - A write whose caller is gone before its batch runs (the request was
+//!   dropped, or gave up waiting) is skipped: it holds nothing. A claim
+//!   acquired for a caller that went while its batch ran is released in the
+//!   next batch, so no key is held for nobody.
+//! - The runner is a blocking-pool thread driving the batches with the
+//!   runtime's handle, spawned by the write that found none running; it runs
+//!   batches while writes keep coming and ends when the queue is empty. On
+//!   a thread of its own it wakes the moment a statement's answer comes back
+//!   from the connection's worker thread, rather than queued behind the
+//!   runtime's tasks: that wait, once per statement, was most of a write's
+//!   time under load. If it is dropped, the writes it held are answered
+//!   "unavailable" and the next write spawns another.
+//! - The batches take the store's turn to write (`writer.rs`), which a
+//!   transactional claim holds for its whole transaction: they wait for it
+//!   as one write did.
+
+use std::mem;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+
+use super::{Dialect, SqlStore, unavailable};
+use crate::{Claim, Error, Fingerprint, IdempotencyKey, OwnerToken};
+
+/// At most this many writes in one batch; the rest wait for the next.
+const MAX_BATCH: usize = 256;
+
+/// One plain write of the store, with what it needs to run later.
+#[doc(hidden)]
+#[allow(unreachable_pub)] // sealed: named only inside the crate
+pub enum Write {
+    Claim {
+        key: IdempotencyKey,
+        key_hash: [u8; 32],
+        fingerprint: Fingerprint,
+        lease: Duration,
+        owner: OwnerToken,
+    },
+    Complete {
+        key_hash: [u8; 32],
+        owner: OwnerToken,
+        outcome: Bytes,
+        retention_ms: i64,
+    },
+    Release {
+        key_hash: [u8; 32],
+        owner: OwnerToken,
+    },
+    Renew {
+        key_hash: [u8; 32],
+        owner: OwnerToken,
+        lease_ms: i64,
+    },
+}
+
+/// What a write did.
+#[doc(hidden)]
+#[allow(unreachable_pub)] // sealed: named only inside the crate
+pub enum Written {
+    Claim(Claim),
+    /// An owner-fenced write (complete, release, renew): whether the record
+    /// was the owner's.
+    Fenced(bool),
+}
+
+impl Written {
+    /// A claim's answer; a claim is only ever answered with one.
+    pub(super) fn claim(self) -> Claim {
+        match self {
+            Self::Claim(claim) => claim,
+            Self::Fenced(_) => unreachable!("a claim is answered with a claim"),
+        }
+    }
+
+    /// An owner-fenced write's answer: `Ok`, or the lease was lost.
+    pub(super) fn fenced(self) -> Result<(), Error> {
+        match self {
+            Self::Fenced(done) => Error::fenced(done),
+            Self::Claim(_) => unreachable!("a fenced write is answered with whether it happened"),
+        }
+    }
+}
+
+type Answer = oneshot::Sender<Result<Written, Error>>;
+
+/// A write waiting for its batch, and where its answer goes (`None`: a
+/// release the runner queued itself, which nobody waits for).
+struct Queued {
+    write: Write,
+    answer: Option<Answer>,
+}
+
+impl Queued {
+    /// Whether the write's caller stopped waiting for it.
+    fn abandoned(&self) -> bool {
+        self.answer.as_ref().is_some_and(Answer::is_closed)
+    }
+}
+
+/// The writes waiting for the next batch, and whether a task runs them.
+#[derive(Default)]
+pub(super) struct Batches {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    queue: Vec<Queued>,
+    running: bool,
+}
+
+impl Batches {
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Nothing is left half-done under the lock: a poisoned one is fine.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues `queued`; `true` if no task runs the batches and the caller
+    /// must start one.
+    fn push(&self, queued: Queued) -> bool {
+        let mut state = self.state();
+        state.queue.push(queued);
+        !mem::replace(&mut state.running, true)
+    }
+
+    /// The next batch; `None`, and no task running any more, if the queue
+    /// is empty.
+    fn next(&self) -> Option<Vec<Queued>> {
+        let mut state = self.state();
+        if state.queue.is_empty() {
+            state.running = false;
+            return None;
+        }
+        let len = state.queue.len().min(MAX_BATCH);
+        Some(state.queue.drain(..len).collect())
+    }
+
+    /// The running task was dropped: the queue's writes go unanswered (their
+    /// callers are told "unavailable") and the next write starts a task.
+    fn abandon(&self) -> Vec<Queued> {
+        let mut state = self.state();
+        state.running = false;
+        mem::take(&mut state.queue)
+    }
+}
+
+/// The task that runs the batches; if dropped before the queue is empty,
+/// it hands the queue back (`Batches::abandon`).
+struct Runner<DB: Dialect> {
+    store: SqlStore<DB>,
+    finished: bool,
+}
+
+impl<DB: Dialect> Drop for Runner<DB> {
+    fn drop(&mut self) {
+        if !self.finished {
+            // Dropped here, outside the lock: their callers learn at once.
+            drop(self.store.inner.batches.abandon());
+        }
+    }
+}
+
+impl<DB: Dialect> Runner<DB> {
+    async fn run(mut self) {
+        while let Some(batch) = self.store.inner.batches.next() {
+            self.store.commit_batch(batch).await;
+        }
+        self.finished = true;
+    }
+}
+
+impl<DB: Dialect> SqlStore<DB> {
+    /// Runs `write`: in the next batch where writers take turns, on a
+    /// connection of its own elsewhere.
+    pub(super) async fn write(&self, write: Write) -> Result<Written, Error> {
+        if !self.inner.writer.one_at_a_time() {
+            let mut conn = self.inner.pool.acquire().await.map_err(unavailable)?;
+            return self.run_write(&mut conn, &write).await.map_err(unavailable);
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return Err(Error::unavailable(
+                "no tokio runtime to run this SQLite store's writes on",
+            ));
+        };
+        let (answer, answered) = oneshot::channel();
+        let queued = Queued {
+            write,
+            answer: Some(answer),
+        };
+        if self.inner.batches.push(queued) {
+            let runner = Runner {
+                store: self.clone(),
+                finished: false,
+            };
+            let handle = runtime.clone();
+            runtime.spawn_blocking(move || handle.block_on(runner.run()));
+        }
+        // As long as a write once waited for its turn and its connection.
+        let timeout = self.inner.pool.options().get_acquire_timeout();
+        match tokio::time::timeout(timeout, answered).await {
+            Ok(Ok(written)) => written,
+            Ok(Err(_)) => Err(Error::unavailable(
+                "the task running this store's writes stopped before this one committed",
+            )),
+            Err(_) => Err(Error::unavailable(format!(
+                "this store's writes did not commit within {timeout:?}"
+            ))),
+        }
+    }
+
+    /// Runs `batch` on the turn to write, as the dialect runs many writes
+    /// at once (`Dialect::run_writes`), and answers each write in it.
+    async fn commit_batch(&self, mut batch: Vec<Queued>) {
+        let written = match self.write_connection().await {
+            Ok((_turn, mut conn)) => {
+                // Given up while the batch waited for its turn: skipped.
+                batch.retain(|queued| !queued.abandoned());
+                let writes: Vec<&Write> = batch.iter().map(|queued| &queued.write).collect();
+                DB::run_writes(self, &mut conn, &writes).await
+            }
+            Err(failed) => {
+                let failed = Arc::new(failed);
+                batch
+                    .iter()
+                    .map(|_| Err(Error::unavailable(Arc::clone(&failed))))
+                    .collect()
+            }
+        };
+        for (queued, written) in batch.into_iter().zip(written) {
+            let Some(answer) = queued.answer else {
+                continue;
+            };
+            // A claim acquired for a caller that is gone: give it back.
+            if let Err(Ok(Written::Claim(Claim::Acquired(owner)))) = answer.send(written)
+                && let Write::Claim { key_hash, .. } = queued.write
+            {
+                self.inner.batches.push(Queued {
+                    write: Write::Release { key_hash, owner },
+                    answer: None,
+                });
+            }
+        }
+    }
+
+    /// Runs `writes` on `conn` one at a time, each a statement (or two) of
+    /// its own.
+    pub(super) async fn run_each(
+        &self,
+        conn: &mut DB::Connection,
+        writes: &[&Write],
+    ) -> Vec<Result<Written, Error>> {
+        let mut written = Vec::with_capacity(writes.len());
+        for write in writes {
+            written.push(self.run_write(conn, write).await.map_err(unavailable));
+        }
+        written
+    }
+
+    /// Runs one write on `conn`.
+    pub(super) async fn run_write(
+        &self,
+        conn: &mut DB::Connection,
+        write: &Write,
+    ) -> Result<Written, sqlx::Error> {
+        let queries = &self.inner.queries;
+        Ok(match write {
+            Write::Claim {
+                key,
+                key_hash,
+                fingerprint,
+                lease,
+                owner,
+            } => Written::Claim(
+                self.claim_on(conn, key, key_hash, fingerprint, *lease, *owner, false)
+                    .await?,
+            ),
+            Write::Complete {
+                key_hash,
+                owner,
+                outcome,
+                retention_ms,
+            } => Written::Fenced(
+                DB::complete(conn, queries, key_hash, owner, outcome, *retention_ms).await?,
+            ),
+            Write::Release { key_hash, owner } => {
+                Written::Fenced(DB::release(conn, queries, key_hash, owner).await?)
+            }
+            Write::Renew {
+                key_hash,
+                owner,
+                lease_ms,
+            } => Written::Fenced(DB::renew(conn, queries, key_hash, owner, *lease_ms).await?),
+        })
+    }
+}
