@@ -201,7 +201,9 @@ use proc_macro::TokenStream;
 ///
 /// One consequence of the name becoming a unit struct: `let create_order =
 /// ...` in the same scope is a pattern matching the struct, not a new
-/// binding: pick another name for the local.
+/// binding: pick another name for the local. An argument that binds the
+/// name (`async fn charge(Json(charge): Json<Charge>)`) is refused with an
+/// error on the binding.
 #[proc_macro_attribute]
 pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
     let original = proc_macro2::TokenStream::from(item.clone());

@@ -1,9 +1,10 @@
 //! What `#[idempotent]` refuses, before it emits anything that depends on
 //! it: an item that is no axum handler, and arguments that cannot work.
 
+use proc_macro2::Ident;
 use proc_macro2::TokenStream;
 use quote::quote;
-use syn::{Item, ItemFn, Safety, Type};
+use syn::{FnArg, Item, ItemFn, Pat, Safety, Type};
 
 use super::{argument_types, combine, contains_impl};
 use crate::attr::Args;
@@ -53,6 +54,23 @@ pub(super) fn parse_handler(item: TokenStream) -> syn::Result<ItemFn> {
              handlers do",
         ));
     }
+    for arg in &sig.inputs {
+        if let FnArg::Typed(arg) = arg {
+            let mut same = Vec::new();
+            bindings_named(&arg.pat, name, &mut same);
+            errors.extend(same.into_iter().map(|binding| {
+                syn::Error::new_spanned(
+                    binding,
+                    format!(
+                        "this binds `{name}`, the handler's own name: #[idempotent] makes \
+                         `{name}` a unit struct (what the router is given), and in a pattern \
+                         that name matches the struct instead of binding the value. Give the \
+                         binding another name"
+                    ),
+                )
+            }));
+        }
+    }
     for ty in argument_types(&function) {
         if contains_impl(quote!(#ty)) {
             errors.push(syn::Error::new_spanned(
@@ -62,6 +80,44 @@ pub(super) fn parse_handler(item: TokenStream) -> syn::Result<ItemFn> {
         }
     }
     combine(errors).map_or(Ok(function), Err)
+}
+
+/// The identifiers `pat` binds that are spelled `name`.
+fn bindings_named<'a>(pat: &'a Pat, name: &Ident, found: &mut Vec<&'a Ident>) {
+    match pat {
+        Pat::Ident(binding) => {
+            if binding.ident == *name {
+                found.push(&binding.ident);
+            }
+            if let Some((_, sub)) = &binding.subpat {
+                bindings_named(sub, name, found);
+            }
+        }
+        Pat::TupleStruct(tuple) => tuple
+            .elems
+            .iter()
+            .for_each(|elem| bindings_named(elem, name, found)),
+        Pat::Tuple(tuple) => tuple
+            .elems
+            .iter()
+            .for_each(|elem| bindings_named(elem, name, found)),
+        Pat::Slice(slice) => slice
+            .elems
+            .iter()
+            .for_each(|elem| bindings_named(elem, name, found)),
+        Pat::Or(or) => or
+            .cases
+            .iter()
+            .for_each(|case| bindings_named(case, name, found)),
+        Pat::Struct(fields) => fields
+            .fields
+            .iter()
+            .for_each(|field| bindings_named(&field.pat, name, found)),
+        Pat::Reference(reference) => bindings_named(&reference.pat, name, found),
+        Pat::Paren(paren) => bindings_named(&paren.pat, name, found),
+        Pat::Type(typed) => bindings_named(&typed.pat, name, found),
+        _ => {}
+    }
 }
 
 /// Mistakes in the arguments that are certain from the signature alone:
