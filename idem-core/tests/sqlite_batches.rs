@@ -437,3 +437,50 @@ async fn no_key_is_held_for_a_caller_that_gave_up() {
         "rows in flight: those of callers told they acquired, and the last two"
     );
 }
+
+/// The batches write through a connection of their own, opened with the
+/// pool's options: on an in-memory database (`sqlite::memory:`) that is the
+/// pool's database too, so what the batches write, the pool reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_memory_database_is_the_one_the_batches_write() {
+    const KEYS: usize = 16;
+    let pool = SqlitePoolOptions::new()
+        .max_connections(4)
+        .connect("sqlite::memory:")
+        .await
+        .expect("an in-memory database");
+    let store = SqliteStore::new(pool.clone());
+    store.migrate().await.expect("migrate");
+
+    let mut requests = JoinSet::new();
+    for n in 0..KEYS {
+        let store = store.clone();
+        requests.spawn(async move {
+            let key = key(&format!("memory:{n}"));
+            let claim = store
+                .claim(&key, &fp(), LEASE, OwnerToken::generate())
+                .await;
+            let Ok(Claim::Acquired(owner)) = claim else {
+                return Err(format!("claim {n}: {claim:?}"));
+            };
+            let done = store
+                .complete(&key, &owner, &done(&format!("{n}")), KEEP)
+                .await;
+            done.map_err(|err| format!("completion {n}: {err}"))
+        });
+    }
+    while let Some(request) = requests.join_next().await {
+        request
+            .expect("no request panics")
+            .expect("claimed and completed");
+    }
+    assert_eq!(
+        rows(&pool, "C").await,
+        KEYS as i64,
+        "the pool reads every record"
+    );
+    let replay = store
+        .claim(&key("memory:3"), &fp(), LEASE, OwnerToken::generate())
+        .await;
+    assert_eq!(replay.ok(), Some(Claim::Replay(done("3"))));
+}

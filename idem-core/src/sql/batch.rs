@@ -8,9 +8,9 @@
 //! handed to the next writer's task. One after the other, those hand-offs
 //! between threads bounded the store, with the machine half idle. Here a
 //! write joins a queue, and one runner takes all the writes waiting, on one
-//! turn and one connection, and the dialect runs them in as few statements
-//! as it can (`Dialect::run_writes`; SQLite: every claim in one statement,
-//! every completion in another, `sql/sqlite.rs`).
+//! turn, and the dialect runs them in as few statements as it can
+//! (`Dialect::run_writes`; SQLite: every claim in one statement, every
+//! completion in another, `sql/sqlite.rs`).
 //!
 //! - A write is answered once the statement that carried it has committed:
 //!   a claim is acquired only once its row is durable, as before.
@@ -33,6 +33,10 @@
 //! - The batches take the store's turn to write (`writer.rs`), which a
 //!   transactional claim holds for its whole transaction: they wait for it
 //!   as one write did.
+//! - They run on a connection of their own, opened with the pool's options
+//!   outside the pool and kept from batch to batch: a batch never queues
+//!   for a connection behind the pool's readers, nor holds one of theirs
+//!   while it waits for its turn.
 
 use std::mem;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -41,6 +45,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
+use sqlx::Connection;
+
+use super::writer::Turn;
 use super::{Dialect, SqlStore, unavailable};
 use crate::{Claim, Error, Fingerprint, IdempotencyKey, OwnerToken};
 
@@ -119,10 +126,11 @@ impl Queued {
     }
 }
 
-/// The writes waiting for the next batch, and whether a task runs them.
-#[derive(Default)]
-pub(super) struct Batches {
+/// The writes waiting for the next batch, whether a task runs them, and
+/// the connection the batches run on between runners.
+pub(super) struct Batches<DB: Dialect> {
     state: Mutex<State>,
+    connection: Mutex<Option<DB::Connection>>,
 }
 
 #[derive(Default)]
@@ -131,10 +139,35 @@ struct State {
     running: bool,
 }
 
-impl Batches {
+impl<DB: Dialect> Batches<DB> {
+    pub(super) fn new() -> Self {
+        Self {
+            state: Mutex::default(),
+            connection: Mutex::new(None),
+        }
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         // Nothing is left half-done under the lock: a poisoned one is fine.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The batches' connection, if one is kept.
+    fn take_connection(&self) -> Option<DB::Connection> {
+        let mut kept = self
+            .connection
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        kept.take()
+    }
+
+    /// Keeps `conn` for the next batch.
+    fn keep_connection(&self, conn: DB::Connection) {
+        let mut kept = self
+            .connection
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *kept = Some(conn);
     }
 
     /// Queues `queued`; `true` if no task runs the batches and the caller
@@ -233,12 +266,17 @@ impl<DB: Dialect> SqlStore<DB> {
     /// Runs `batch` on the turn to write, as the dialect runs many writes
     /// at once (`Dialect::run_writes`), and answers each write in it.
     async fn commit_batch(&self, mut batch: Vec<Queued>) {
-        let written = match self.write_connection().await {
+        let written = match self.batch_connection().await {
             Ok((_turn, mut conn)) => {
                 // Given up while the batch waited for its turn: skipped.
                 batch.retain(|queued| !queued.abandoned());
                 let writes: Vec<&Write> = batch.iter().map(|queued| &queued.write).collect();
-                DB::run_writes(self, &mut conn, &writes).await
+                let written = DB::run_writes(self, &mut conn, &writes).await;
+                // A connection that failed a write is closed, not kept.
+                if written.iter().all(Result::is_ok) {
+                    self.inner.batches.keep_connection(conn);
+                }
+                written
             }
             Err(failed) => {
                 let failed = Arc::new(failed);
@@ -262,6 +300,33 @@ impl<DB: Dialect> SqlStore<DB> {
                 });
             }
         }
+    }
+
+    /// The turn to write, then the batches' own connection: opened with the
+    /// pool's options, outside the pool, and kept from one batch to the
+    /// next. Outside the pool, because a batch waits for its turn holding
+    /// it (so it never queues for a connection behind the pool's readers,
+    /// nor holds one of theirs while a transactional claim has the turn).
+    async fn batch_connection(&self) -> Result<(Turn, DB::Connection), Error> {
+        let timeout = self.inner.pool.options().get_acquire_timeout();
+        let turn = self.inner.writer.wait(timeout).await.ok_or_else(|| {
+            Error::unavailable(format!(
+                "no turn to write among this store's writes within {timeout:?}"
+            ))
+        })?;
+        if let Some(conn) = self.inner.batches.take_connection() {
+            return Ok((turn, conn));
+        }
+        let options = self.inner.pool.connect_options();
+        let conn = tokio::time::timeout(timeout, DB::Connection::connect_with(&options))
+            .await
+            .map_err(|_| {
+                Error::unavailable(format!(
+                    "could not open the store's writing connection within {timeout:?}"
+                ))
+            })?
+            .map_err(unavailable)?;
+        Ok((turn, conn))
     }
 
     /// Runs `writes` on `conn` one at a time, each a statement (or two) of

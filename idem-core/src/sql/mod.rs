@@ -113,8 +113,10 @@
 //!
 //! Plain writes that arrive while the turn is taken wait for the next one
 //! together: a batch runs every waiting claim in one statement and every
-//! waiting completion in another, so under load a commit (and, with
-//! `synchronous = FULL`, an fsync) is shared by many requests. Each write
+//! waiting completion in another, on a connection of the store's own
+//! (opened with the pool's connect options, outside the pool), so under
+//! load a commit (and, with `synchronous = FULL`, an fsync) is shared by
+//! many requests. Each write
 //! is answered once the statement that carried it has committed, as if it
 //! had run alone; a claim whose caller gave up before its batch ran is
 //! skipped, and one acquired for a caller gone meanwhile is released.
@@ -137,8 +139,6 @@ mod writer;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
-
-use sqlx::pool::PoolConnection;
 
 use batch::Batches;
 pub use builder::SqlStoreBuilder;
@@ -175,9 +175,12 @@ pub type MySqlStore = SqlStore<sqlx::MySql>;
 ///
 /// The pool is yours, and two of its settings decide the speed: WAL with
 /// `synchronous = NORMAL` survives a process crash, not an OS crash (FULL
-/// survives both, several times slower per write); and
+/// survives both, at an fsync per commit); and
 /// `test_before_acquire(false)` spares each acquire a ping of a file that
-/// cannot go stale.
+/// cannot go stale. The store's plain writes run in batches (see the
+/// module docs, "One writer at a time") on one connection of the store's
+/// own, opened with the pool's connect options besides the pool's
+/// connections: the pool's `after_connect` hook does not run on it.
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -216,7 +219,7 @@ struct Inner<DB: Dialect> {
     lock_timeout: Duration,
     open: Arc<OpenClaims>,
     writer: WriterTurns,
-    batches: Batches,
+    batches: Batches<DB>,
 }
 
 impl<DB: Dialect> Clone for SqlStore<DB> {
@@ -276,7 +279,7 @@ impl<DB: Dialect> SqlStore<DB> {
                 lock_timeout,
                 open: Arc::new(OpenClaims::new(max)),
                 writer: WriterTurns::new(DB::ONE_WRITER),
-                batches: Batches::default(),
+                batches: Batches::new(),
             }),
         }
     }
@@ -316,20 +319,6 @@ impl<DB: Dialect> SqlStore<DB> {
                 return Ok(total);
             }
         }
-    }
-
-    /// The turn to write (on a database with one writer; see `writer`),
-    /// then a connection: in this order, so that no connection is held
-    /// while waiting for the turn.
-    async fn write_connection(&self) -> Result<(Turn, PoolConnection<DB>), Error> {
-        let timeout = self.inner.pool.options().get_acquire_timeout();
-        let turn = self.inner.writer.wait(timeout).await.ok_or_else(|| {
-            Error::unavailable(format!(
-                "no turn to write among this store's writes within {timeout:?}"
-            ))
-        })?;
-        let conn = self.inner.pool.acquire().await.map_err(unavailable)?;
-        Ok((turn, conn))
     }
 
     /// Claims on `conn` (`key_hash` is `key`'s), in the transaction open on
