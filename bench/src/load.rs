@@ -1,6 +1,7 @@
 //! The load generator: closed-loop HTTP/1.1 keep-alive connections over
 //! loopback, one request in flight per connection (no pipelining), latency
-//! recorded per request in an HDR histogram.
+//! recorded per request in an HDR histogram; optionally paced to a total
+//! rate, so that rows at the same throughput compare their CPU per request.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -111,6 +112,10 @@ pub(crate) struct Plan {
     pub(crate) duration: Duration,
     /// Stop after this many requests in all (warm-up included).
     pub(crate) max_requests: u64,
+    /// Requests per second in all, spread evenly over the connections;
+    /// `None`: each connection sends its next request as soon as the last
+    /// is answered.
+    pub(crate) rate: Option<u32>,
     pub(crate) expect: Expect,
 }
 
@@ -210,6 +215,7 @@ pub(crate) async fn run(plan: Plan) -> Measured {
     let deadline = measure_from + plan.duration;
     let budget = Arc::new(AtomicU64::new(plan.max_requests));
     let expect = Arc::new(plan.expect);
+    let conns = plan.conns.len().max(1);
     let tasks: Vec<_> = plan
         .conns
         .into_iter()
@@ -217,15 +223,12 @@ pub(crate) async fn run(plan: Plan) -> Measured {
         .map(|(index, spec)| {
             let budget = Arc::clone(&budget);
             let expect = Arc::clone(&expect);
-            tokio::spawn(connection(
-                plan.addr,
-                index,
-                spec,
-                expect,
-                budget,
+            let clock = Clock {
+                pace: plan.rate.map(|rate| pace(start, rate, index, conns)),
                 measure_from,
                 deadline,
-            ))
+            };
+            tokio::spawn(connection(plan.addr, index, spec, expect, budget, clock))
         })
         .collect();
     let mut total = Measured {
@@ -264,6 +267,26 @@ pub(crate) async fn run(plan: Plan) -> Measured {
     total
 }
 
+/// Connection `index` of `conns`'s share of `rate` requests per second: a
+/// tick every `conns / rate` seconds, the connections' ticks staggered
+/// evenly over one period. Late ticks are caught up, so the rate holds on
+/// average while the server keeps up.
+fn pace(start: Instant, rate: u32, index: usize, conns: usize) -> tokio::time::Interval {
+    let period = Duration::from_secs_f64(conns as f64 / f64::from(rate.max(1)));
+    let offset = period.mul_f64(index as f64 / conns as f64);
+    tokio::time::interval_at((start + offset).into(), period)
+}
+
+/// When one connection sends, and which of its requests count.
+struct Clock {
+    /// Its share of a paced load's rate, if paced.
+    pace: Option<tokio::time::Interval>,
+    /// Requests sent from here on are measured...
+    measure_from: Instant,
+    /// ...if answered by here, when the connection stops.
+    deadline: Instant,
+}
+
 struct ConnResult {
     requests: u64,
     total: u64,
@@ -280,9 +303,13 @@ async fn connection(
     spec: ConnSpec,
     expect: Arc<Expect>,
     budget: Arc<AtomicU64>,
-    measure_from: Instant,
-    deadline: Instant,
+    clock: Clock,
 ) -> ConnResult {
+    let Clock {
+        mut pace,
+        measure_from,
+        deadline,
+    } = clock;
     let mut result = ConnResult {
         requests: 0,
         total: 0,
@@ -295,6 +322,9 @@ async fn connection(
     let mut sender = None;
     let mut seq: u64 = 0;
     while Instant::now() < deadline {
+        if let Some(pace) = &mut pace {
+            pace.tick().await;
+        }
         if budget
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
             .is_err()

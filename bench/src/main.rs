@@ -79,6 +79,13 @@ struct Args {
     /// (the measured pool is closed first, which flushes its statistics).
     #[arg(long, default_value = "1500ms", value_parser = humantime::parse_duration)]
     pg_settle: Duration,
+    /// Pace the load to about this many requests per second in all (each
+    /// connection sends at rate / connections), instead of as fast as the
+    /// server answers: rows that keep up run at the same throughput, so
+    /// their CPU per request compares the work per request alone, without
+    /// the batching of wake-ups a faster row gets.
+    #[arg(long)]
+    rate: Option<u32>,
     /// Connections in each SQLite pool.
     #[arg(long, default_value_t = 8)]
     sqlite_pool: u32,
@@ -704,6 +711,7 @@ async fn measure(
             warmup: ctx.args.warmup,
             duration: ctx.args.duration,
             max_requests: ctx.args.max_requests,
+            rate: ctx.args.rate,
             expect,
         })
         .await;

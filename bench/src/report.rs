@@ -147,10 +147,13 @@ impl Machine {
         let threads =
             |t: Option<usize>| t.map_or_else(|| format!("{cpus} (CPU count)"), |t| t.to_string());
         let settings = format!(
-            "{} connections, {} warm-up + {} measured per row, {} round(s) (each row: the median), \
+            "{} connections{}, {} warm-up + {} measured per row, {} round(s) (each row: the median), \
              server runtime {} worker threads, load generator runtime {} worker threads, \
              PostgreSQL pool {}, SQLite pool {} (WAL), orders endpoint over {} accounts",
             args.connections,
+            args.rate.map_or(String::new(), |rate| format!(
+                " paced to {rate} req/s in all"
+            )),
             humantime::format_duration(args.warmup),
             humantime::format_duration(args.duration),
             args.rounds,
