@@ -16,7 +16,7 @@ use idem_core::sql::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, Sqli
 use idem_core::sql::sqlx::{self, SqlitePool};
 use idem_core::store::{IdempotencyStore, OpenTransaction, TransactionalStore, TxClaim};
 use idem_core::{
-    Claim, ErrorKind, Fingerprint, IdempotencyKey, Outcome, OwnerToken, StoredResponse,
+    Claim, Error, ErrorKind, Fingerprint, IdempotencyKey, Outcome, OwnerToken, StoredResponse,
 };
 use tokio::task::JoinSet;
 
@@ -99,6 +99,43 @@ async fn rows(pool: &SqlitePool, state: &str) -> i64 {
         .unwrap()
 }
 
+/// A plain claim of `name` by an owner of its own.
+async fn claim(store: &SqliteStore, name: &str, lease: Duration) -> Result<Claim, Error> {
+    store
+        .claim(&key(name), &fp(), lease, OwnerToken::generate())
+        .await
+}
+
+/// Claims `{prefix}:{n}` for each `n` below `count`, one after another
+/// (each a batch of its own); every claim must acquire. Their owners.
+async fn acquire_each(
+    store: &SqliteStore,
+    prefix: &str,
+    count: usize,
+    lease: Duration,
+) -> Vec<OwnerToken> {
+    let mut owners = Vec::new();
+    for n in 0..count {
+        let claim = claim(store, &format!("{prefix}:{n}"), lease).await;
+        let Ok(Claim::Acquired(owner)) = claim else {
+            panic!("claim {prefix}:{n}: {claim:?}");
+        };
+        owners.push(owner);
+    }
+    owners
+}
+
+/// A task per name claiming it (with a lease of [`LEASE`]), each answered
+/// with the name's index.
+fn spawn_claims(store: &SqliteStore, names: Vec<String>) -> JoinSet<(usize, Result<Claim, Error>)> {
+    let mut claims = JoinSet::new();
+    for (i, name) in names.into_iter().enumerate() {
+        let store = store.clone();
+        claims.spawn(async move { (i, claim(&store, &name, LEASE).await) });
+    }
+    claims
+}
+
 /// Claims that queued behind the turn commit together: the WAL grows by a
 /// fraction of what the same number of claims wrote one after another.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -108,41 +145,19 @@ async fn queued_claims_commit_together() {
 
     // One after another: each claim is a batch, and a commit, of its own.
     let before = wal_bytes(&path);
-    for n in 0..CLAIMS {
-        let claim = store
-            .claim(
-                &key(&format!("alone:{n}")),
-                &fp(),
-                LEASE,
-                OwnerToken::generate(),
-            )
-            .await;
-        assert!(matches!(claim, Ok(Claim::Acquired(_))), "{claim:?}");
-    }
+    acquire_each(&store, "alone", CLAIMS, LEASE).await;
     let alone = wal_bytes(&path) - before;
 
     // Queued behind the held turn, then let go together.
     let holder = hold_the_turn(&store).await;
-    let mut claims = JoinSet::new();
-    for n in 0..CLAIMS {
-        let store = store.clone();
-        claims.spawn(async move {
-            store
-                .claim(
-                    &key(&format!("together:{n}")),
-                    &fp(),
-                    LEASE,
-                    OwnerToken::generate(),
-                )
-                .await
-        });
-    }
+    let names = (0..CLAIMS).map(|n| format!("together:{n}")).collect();
+    let mut claims = spawn_claims(&store, names);
     tokio::time::sleep(QUEUE_UP).await;
     let before = wal_bytes(&path);
     holder.rollback().await.expect("the holder rolls back");
     while let Some(claim) = claims.join_next().await {
-        let claim = claim.expect("no claim panics");
-        assert!(matches!(claim, Ok(Claim::Acquired(_))), "{claim:?}");
+        let (n, claim) = claim.expect("no claim panics");
+        assert!(matches!(claim, Ok(Claim::Acquired(_))), "{n}: {claim:?}");
     }
     let together = wal_bytes(&path) - before;
 
@@ -164,32 +179,14 @@ async fn a_batch_acquires_each_key_once() {
     const KEYS: usize = 8;
     const COPIES: usize = 3;
     let Db { store, pool, .. } = db("once").await;
-    let completed = key("completed-in-the-batch");
-    let Ok(Claim::Acquired(owner)) = store
-        .claim(&completed, &fp(), LEASE, OwnerToken::generate())
-        .await
-    else {
-        panic!("the first claim of the completed key acquires");
-    };
+    let owner = acquire_each(&store, "completed", 1, LEASE).await[0];
+    let completed = key("completed:0");
 
     let holder = hold_the_turn(&store).await;
-    let mut claims = JoinSet::new();
-    for copy in 0..COPIES {
-        for n in 0..KEYS {
-            let store = store.clone();
-            claims.spawn(async move {
-                let claim = store
-                    .claim(
-                        &key(&format!("once:{n}")),
-                        &fp(),
-                        LEASE,
-                        OwnerToken::generate(),
-                    )
-                    .await;
-                (n, copy, claim)
-            });
-        }
-    }
+    let names = (0..COPIES * KEYS)
+        .map(|i| format!("once:{}", i % KEYS))
+        .collect();
+    let mut claims = spawn_claims(&store, names);
     let completion = {
         let (store, completed) = (store.clone(), completed.clone());
         tokio::spawn(async move {
@@ -203,11 +200,11 @@ async fn a_batch_acquires_each_key_once() {
 
     let mut acquired = [0; KEYS];
     while let Some(claim) = claims.join_next().await {
-        let (n, copy, claim) = claim.expect("no claim panics");
+        let (i, claim) = claim.expect("no claim panics");
         match claim {
-            Ok(Claim::Acquired(_)) => acquired[n] += 1,
+            Ok(Claim::Acquired(_)) => acquired[i % KEYS] += 1,
             Ok(Claim::InFlight { .. }) => {}
-            other => panic!("copy {copy} of key {n}: {other:?}"),
+            other => panic!("copy {} of key {}: {other:?}", i / KEYS, i % KEYS),
         }
     }
     assert_eq!(acquired, [1; KEYS], "one copy of each key acquires");
@@ -215,11 +212,8 @@ async fn a_batch_acquires_each_key_once() {
         .await
         .unwrap()
         .expect("the owner's completion in the batch");
-    let replay = store
-        .claim(&completed, &fp(), LEASE, OwnerToken::generate())
-        .await
-        .expect("the store answers");
-    assert_eq!(replay, Claim::Replay(done("first")));
+    let replay = claim(&store, "completed:0", LEASE).await;
+    assert_eq!(replay.ok(), Some(Claim::Replay(done("first"))));
     assert_eq!(rows(&pool, "I").await, KEYS as i64);
     assert_eq!(rows(&pool, "C").await, 1);
 }
@@ -231,21 +225,7 @@ async fn a_batch_acquires_each_key_once() {
 async fn queued_completions_are_fenced_by_their_owners() {
     const KEYS: usize = 12;
     let Db { store, pool, .. } = db("fenced").await;
-    let mut owners = Vec::new();
-    for n in 0..KEYS {
-        let claim = store
-            .claim(
-                &key(&format!("fenced:{n}")),
-                &fp(),
-                LEASE,
-                OwnerToken::generate(),
-            )
-            .await;
-        let Ok(Claim::Acquired(owner)) = claim else {
-            panic!("claim {n}: {claim:?}");
-        };
-        owners.push(owner);
-    }
+    let owners = acquire_each(&store, "fenced", KEYS, LEASE).await;
 
     let holder = hold_the_turn(&store).await;
     let mut completions = JoinSet::new();
@@ -340,39 +320,12 @@ async fn a_batch_takes_over_expired_claims() {
     const KEYS: usize = 6;
     let Db { store, pool, .. } = db("takeover").await;
     let short = Duration::from_millis(20);
-    let mut old_owners = Vec::new();
-    for n in 0..KEYS {
-        let claim = store
-            .claim(
-                &key(&format!("expired:{n}")),
-                &fp(),
-                short,
-                OwnerToken::generate(),
-            )
-            .await;
-        let Ok(Claim::Acquired(owner)) = claim else {
-            panic!("claim {n}: {claim:?}");
-        };
-        old_owners.push(owner);
-    }
+    let old_owners = acquire_each(&store, "expired", KEYS, short).await;
     tokio::time::sleep(short * 3).await;
 
     let holder = hold_the_turn(&store).await;
-    let mut claims = JoinSet::new();
-    for n in 0..KEYS {
-        let store = store.clone();
-        claims.spawn(async move {
-            let claim = store
-                .claim(
-                    &key(&format!("expired:{n}")),
-                    &fp(),
-                    LEASE,
-                    OwnerToken::generate(),
-                )
-                .await;
-            (n, claim)
-        });
-    }
+    let names = (0..KEYS).map(|n| format!("expired:{n}")).collect();
+    let mut claims = spawn_claims(&store, names);
     tokio::time::sleep(QUEUE_UP).await;
     holder.rollback().await.expect("the holder rolls back");
     while let Some(claim) = claims.join_next().await {
