@@ -437,3 +437,27 @@ async fn an_in_memory_database_is_the_one_the_batches_write() {
         .await;
     assert_eq!(replay.ok(), Some(Claim::Replay(done("3"))));
 }
+
+/// On a current-thread runtime (`#[tokio::main(flavor = "current_thread")]`,
+/// `#[tokio::test]`), whose one thread drives the timers, the batches'
+/// runner still runs: concurrent claims and completions on the runtime's
+/// thread all commit.
+#[tokio::test]
+async fn batches_run_on_a_current_thread_runtime() {
+    const KEYS: usize = 24;
+    let Db { store, pool, .. } = db("current-thread").await;
+    let requests = (0..KEYS).map(|n| {
+        let store = store.clone();
+        async move {
+            let name = format!("current:{n}");
+            let Ok(Claim::Acquired(owner)) = claim(&store, &name, LEASE).await else {
+                return Err(format!("claim {n}"));
+            };
+            let completed = store.complete(&key(&name), &owner, &done("ok"), KEEP).await;
+            completed.map_err(|err| format!("completion {n}: {err}"))
+        }
+    });
+    let answers = futures_util::future::join_all(requests).await;
+    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    assert_eq!(rows(&pool, "C").await, KEYS as i64);
+}
