@@ -20,8 +20,10 @@
 //!   transaction around its statements.
 //! - A write whose caller is gone before its batch runs (the request was
 //!   dropped, or gave up waiting) is skipped: it holds nothing. A claim
-//!   acquired for a caller that went while its batch ran is released in the
-//!   next batch, so no key is held for nobody.
+//!   acquired for a caller that never reads the answer (gone while its
+//!   batch ran, or after the answer was sent) is released in a later batch
+//!   when the unread answer is dropped (`Delivery`), so no key is held for
+//!   nobody.
 //! - The runner is a blocking-pool thread driving the batches with the
 //!   runtime's handle, spawned by the write that found none running; it runs
 //!   batches while writes keep coming and ends when the queue is empty. On
@@ -49,7 +51,7 @@ use sqlx::Connection;
 
 use super::writer::Turn;
 use super::{Dialect, SqlStore, unavailable};
-use crate::{Claim, Error, Fingerprint, IdempotencyKey, OwnerToken};
+use crate::{Claim, Error, ErrorKind, Fingerprint, IdempotencyKey, OwnerToken};
 
 /// At most this many writes in one batch; the rest wait for the next.
 const MAX_BATCH: usize = 256;
@@ -110,16 +112,52 @@ impl Written {
     }
 }
 
-type Answer = oneshot::Sender<Result<Written, Error>>;
+type Answer<DB> = oneshot::Sender<Delivery<DB>>;
 
-/// A write waiting for its batch, and where its answer goes (`None`: a
-/// release the runner queued itself, which nobody waits for).
-struct Queued {
-    write: Write,
-    answer: Option<Answer>,
+/// A write's answer on its way to its caller. A claim acquired for a
+/// caller that never reads it (gone before it was sent, or after, with the
+/// answer unread in the channel) is released when the answer is dropped, so
+/// no key is held for nobody.
+struct Delivery<DB: Dialect> {
+    written: Result<Written, Error>,
+    /// The store and the key of a claim, to release it if unread.
+    claim: Option<(SqlStore<DB>, [u8; 32])>,
 }
 
-impl Queued {
+impl<DB: Dialect> Delivery<DB> {
+    /// The answer, read: nothing is released any more.
+    fn read(mut self) -> Result<Written, Error> {
+        self.claim = None;
+        // What is left behind is dropped unread, and releases nothing.
+        mem::replace(
+            &mut self.written,
+            Err(Error::from_kind(ErrorKind::Unavailable)),
+        )
+    }
+}
+
+impl<DB: Dialect> Drop for Delivery<DB> {
+    fn drop(&mut self) {
+        if let Some((store, key_hash)) = self.claim.take()
+            && let Ok(Written::Claim(Claim::Acquired(owner))) = self.written
+        {
+            let release = Queued {
+                write: Write::Release { key_hash, owner },
+                answer: None,
+            };
+            store.queue(release, tokio::runtime::Handle::try_current().ok());
+        }
+    }
+}
+
+/// A write waiting for its batch, and where its answer goes (`None`: a
+/// release queued for a claim nobody read, which nobody waits for).
+struct Queued<DB: Dialect> {
+    write: Write,
+    answer: Option<Answer<DB>>,
+}
+
+impl<DB: Dialect> Queued<DB> {
     /// Whether the write's caller stopped waiting for it.
     fn abandoned(&self) -> bool {
         self.answer.as_ref().is_some_and(Answer::is_closed)
@@ -129,14 +167,22 @@ impl Queued {
 /// The writes waiting for the next batch, whether a task runs them, and
 /// the connection the batches run on between runners.
 pub(super) struct Batches<DB: Dialect> {
-    state: Mutex<State>,
+    state: Mutex<State<DB>>,
     connection: Mutex<Option<DB::Connection>>,
 }
 
-#[derive(Default)]
-struct State {
-    queue: Vec<Queued>,
+struct State<DB: Dialect> {
+    queue: Vec<Queued<DB>>,
     running: bool,
+}
+
+impl<DB: Dialect> Default for State<DB> {
+    fn default() -> Self {
+        Self {
+            queue: Vec::new(),
+            running: false,
+        }
+    }
 }
 
 impl<DB: Dialect> Batches<DB> {
@@ -147,7 +193,7 @@ impl<DB: Dialect> Batches<DB> {
         }
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
+    fn state(&self) -> MutexGuard<'_, State<DB>> {
         // Nothing is left half-done under the lock: a poisoned one is fine.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -172,7 +218,7 @@ impl<DB: Dialect> Batches<DB> {
 
     /// Queues `queued`; `true` if no task runs the batches and the caller
     /// must start one.
-    fn push(&self, queued: Queued) -> bool {
+    fn push(&self, queued: Queued<DB>) -> bool {
         let mut state = self.state();
         state.queue.push(queued);
         !mem::replace(&mut state.running, true)
@@ -180,7 +226,7 @@ impl<DB: Dialect> Batches<DB> {
 
     /// The next batch; `None`, and no task running any more, if the queue
     /// is empty.
-    fn next(&self) -> Option<Vec<Queued>> {
+    fn next(&self) -> Option<Vec<Queued<DB>>> {
         let mut state = self.state();
         if state.queue.is_empty() {
             state.running = false;
@@ -190,9 +236,15 @@ impl<DB: Dialect> Batches<DB> {
         Some(state.queue.drain(..len).collect())
     }
 
+    /// No runner could be started for what was just queued (no runtime):
+    /// the next write's runner runs it.
+    fn stopped(&self) {
+        self.state().running = false;
+    }
+
     /// The running task was dropped: the queue's writes go unanswered (their
     /// callers are told "unavailable") and the next write starts a task.
-    fn abandon(&self) -> Vec<Queued> {
+    fn abandon(&self) -> Vec<Queued<DB>> {
         let mut state = self.state();
         state.running = false;
         mem::take(&mut state.queue)
@@ -242,18 +294,11 @@ impl<DB: Dialect> SqlStore<DB> {
             write,
             answer: Some(answer),
         };
-        if self.inner.batches.push(queued) {
-            let runner = Runner {
-                store: self.clone(),
-                finished: false,
-            };
-            let handle = runtime.clone();
-            runtime.spawn_blocking(move || handle.block_on(runner.run()));
-        }
+        self.queue(queued, Some(runtime));
         // As long as a write once waited for its turn and its connection.
         let timeout = self.inner.pool.options().get_acquire_timeout();
         match tokio::time::timeout(timeout, answered).await {
-            Ok(Ok(written)) => written,
+            Ok(Ok(delivery)) => delivery.read(),
             Ok(Err(_)) => Err(Error::unavailable(
                 "the task running this store's writes stopped before this one committed",
             )),
@@ -263,9 +308,27 @@ impl<DB: Dialect> SqlStore<DB> {
         }
     }
 
+    /// Queues `queued` for the next batch, and starts a runner on `runtime`
+    /// if none runs (with no runtime, it waits for the next write's).
+    fn queue(&self, queued: Queued<DB>, runtime: Option<tokio::runtime::Handle>) {
+        if !self.inner.batches.push(queued) {
+            return;
+        }
+        let Some(runtime) = runtime else {
+            self.inner.batches.stopped();
+            return;
+        };
+        let runner = Runner {
+            store: self.clone(),
+            finished: false,
+        };
+        let handle = runtime.clone();
+        runtime.spawn_blocking(move || handle.block_on(runner.run()));
+    }
+
     /// Runs `batch` on the turn to write, as the dialect runs many writes
     /// at once (`Dialect::run_writes`), and answers each write in it.
-    async fn commit_batch(&self, mut batch: Vec<Queued>) {
+    async fn commit_batch(&self, mut batch: Vec<Queued<DB>>) {
         let written = match self.batch_connection().await {
             Ok((_turn, mut conn)) => {
                 // Given up while the batch waited for its turn: skipped.
@@ -290,15 +353,13 @@ impl<DB: Dialect> SqlStore<DB> {
             let Some(answer) = queued.answer else {
                 continue;
             };
-            // A claim acquired for a caller that is gone: give it back.
-            if let Err(Ok(Written::Claim(Claim::Acquired(owner)))) = answer.send(written)
-                && let Write::Claim { key_hash, .. } = queued.write
-            {
-                self.inner.batches.push(Queued {
-                    write: Write::Release { key_hash, owner },
-                    answer: None,
-                });
-            }
+            let claim = match queued.write {
+                Write::Claim { key_hash, .. } => Some((self.clone(), key_hash)),
+                _ => None,
+            };
+            // If the caller is gone, the answer comes back and is dropped
+            // here, which releases a claim it acquired (`Delivery`).
+            let _ = answer.send(Delivery { written, claim });
         }
     }
 
