@@ -79,6 +79,16 @@ pub trait OrdersSql: sqlx::Database {
         entry: &'static str,
         amount_cents: Option<i64>,
     ) -> impl Future<Output = Result<Result<Payment, TransitionError>, BoxError>> + Send;
+    /// A transaction that reads, then writes after what it read (the
+    /// payment steps). On SQLite it takes the write lock at its start
+    /// (`BEGIN IMMEDIATE`, waiting on the pool's `busy_timeout`): a deferred
+    /// one that read first fails at its first write, without waiting, if
+    /// another connection committed since its read (`SQLITE_BUSY_SNAPSHOT`).
+    fn begin_read_write(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send {
+        pool.begin()
+    }
     /// A payment with its ledger credit count.
     fn payment(
         pool: &Pool<Self>,
@@ -148,7 +158,7 @@ macro_rules! shared_queries {
             payment_no: &str,
             amount_cents: i64,
         ) -> Result<Result<Payment, TransitionError>, BoxError> {
-            let mut tx = pool.begin().await?;
+            let mut tx = Self::begin_read_write(pool).await?;
             // The amount never changes, so reading it first races nothing.
             let expected: Option<i64> = sqlx::query_scalar(AssertSqlSafe($params(
                 "SELECT amount_cents FROM orders_payments WHERE payment_no = $1",
@@ -180,7 +190,7 @@ macro_rules! shared_queries {
         ) -> Result<Result<Payment, TransitionError>, BoxError> {
             Self::move_payment(
                 pool,
-                pool.begin().await?,
+                Self::begin_read_write(pool).await?,
                 payment_no,
                 (PaymentState::Paid, PaymentState::Refunded),
                 "INSERT INTO orders_ledger (payment_no, amount_cents) \

@@ -15,8 +15,14 @@ use idem_tower::core::guards::Transition;
 
 /// The impl for one of the two databases.
 macro_rules! returning_dialect {
-    ($db:ty, $conn:ty, $schema:expr, $params:expr) => {
+    ($db:ty, $conn:ty, $schema:expr, $params:expr, $begin_read_write:expr) => {
         impl OrdersSql for $db {
+            async fn begin_read_write(
+                pool: &Pool<Self>,
+            ) -> Result<sqlx::Transaction<'static, Self>, sqlx::Error> {
+                pool.begin_with($begin_read_write).await
+            }
+
             async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
                 sqlx::raw_sql(AssertSqlSafe($schema))
                     .execute(pool)
@@ -117,7 +123,13 @@ returning_dialect!(
     Postgres,
     PgConnection,
     POSTGRES_SCHEMA,
-    |sql: &'static str| sql
+    |sql: &'static str| sql,
+    "BEGIN"
 );
-returning_dialect!(Sqlite, SqliteConnection, SQLITE_SCHEMA, |sql: &str| sql
-    .replace('$', "?"));
+returning_dialect!(
+    Sqlite,
+    SqliteConnection,
+    SQLITE_SCHEMA,
+    |sql: &str| sql.replace('$', "?"),
+    "BEGIN IMMEDIATE"
+);
