@@ -466,3 +466,33 @@ async fn batches_run_on_a_current_thread_runtime() {
     assert!(answers.iter().all(Result::is_ok), "{answers:?}");
     assert_eq!(rows(&pool, "C").await, KEYS as i64);
 }
+
+/// The batches write on a connection of their own, outside the pool: with
+/// every pooled connection held by someone else, a completion still
+/// commits (on a pooled connection it would wait out the acquire timeout
+/// and fail).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_need_no_pooled_connection() {
+    let path = std::env::temp_dir().join(format!("idem-test-batches-own-{:016x}.db", rand_u64()));
+    let options = SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal);
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(1))
+        .connect_with(options)
+        .await
+        .expect("a SQLite file in the temp directory");
+    let store = SqliteStore::new(pool.clone());
+    store.migrate().await.expect("migrate");
+    let owner = acquire_each(&store, "own", 1, LEASE).await[0];
+
+    let held = pool.acquire().await.expect("the pool's one connection");
+    let completed = store
+        .complete(&key("own:0"), &owner, &done("ok"), KEEP)
+        .await;
+    drop(held);
+    completed.expect("completed without a pooled connection");
+    assert_eq!(rows(&pool, "C").await, 1);
+}
