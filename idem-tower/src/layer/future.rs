@@ -1,8 +1,11 @@
-//! The response future the layer's service returns.
+//! The response future the layer's service returns, and what becomes of it
+//! when it is dropped unfinished.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -15,28 +18,83 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// to its end on a task of its own (the service runs to completion, its
 /// outcome is stored or its key released): an effect that has started must
 /// be replayed or cleanly let go, never cut in half and repeated.
-pub struct ResponseFuture<T> {
-    inner: BoxFuture<T>,
+pub struct ResponseFuture<T: Send + 'static> {
+    /// `None` while it is being polled, and once it is done.
+    inner: Option<BoxFuture<T>>,
+    claimed: MustFinish,
 }
 
-impl<T> ResponseFuture<T> {
-    pub(crate) fn new(inner: impl Future<Output = T> + Send + 'static) -> Self {
+impl<T: Send + 'static> ResponseFuture<T> {
+    /// Boxes the attempt `attempt` makes of the flag it sets once its key
+    /// is claimed.
+    pub(crate) fn new<F>(attempt: impl FnOnce(MustFinish) -> F) -> Self
+    where
+        F: Future<Output = T> + Send + 'static,
+    {
+        let claimed = MustFinish(Arc::new(AtomicBool::new(false)));
         Self {
-            inner: Box::pin(inner),
+            inner: Some(Box::pin(attempt(claimed.clone()))),
+            claimed,
         }
     }
 }
 
-impl<T> Future for ResponseFuture<T> {
+impl<T: Send + 'static> Future for ResponseFuture<T> {
     type Output = T;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
-        self.inner.as_mut().poll(cx)
+        // Taken out while polled: if the poll panics, the drop below finds
+        // nothing to hand on, and the half-run attempt is not resumed.
+        let mut inner = self.inner.take().expect("polled after completion");
+        match inner.as_mut().poll(cx) {
+            Poll::Ready(out) => Poll::Ready(out),
+            Poll::Pending => {
+                self.inner = Some(inner);
+                Poll::Pending
+            }
+        }
     }
 }
 
-impl<T> fmt::Debug for ResponseFuture<T> {
+impl<T: Send + 'static> Drop for ResponseFuture<T> {
+    fn drop(&mut self) {
+        let Some(attempt) = self.inner.take() else {
+            return;
+        };
+        if !self.claimed.0.load(Ordering::Acquire) {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                tracing::debug!("request dropped mid-attempt; finishing it on a task");
+                runtime.spawn(async move {
+                    attempt.await;
+                });
+            }
+            // Dropping it here releases the claim through its guard, or rolls
+            // the transaction back: the retry then runs the effect again.
+            Err(_) => tracing::error!(
+                "no tokio runtime to finish an attempt whose client is gone; its claim is abandoned"
+            ),
+        }
+    }
+}
+
+impl<T: Send + 'static> fmt::Debug for ResponseFuture<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+/// Set by an attempt the moment it holds its key: from then on, the
+/// [`ResponseFuture`] it runs in is finished on a task of its own if it is
+/// dropped, instead of being cut off (ARCHITECTURE.md, "Records").
+#[derive(Clone)]
+pub(crate) struct MustFinish(Arc<AtomicBool>);
+
+impl MustFinish {
+    /// The key is claimed: the attempt may no longer be cancelled.
+    pub(crate) fn from_now(&self) {
+        self.0.store(true, Ordering::Release);
     }
 }

@@ -13,6 +13,7 @@ use tracing::Instrument;
 
 use super::claim::Claimed;
 use super::layer::Settings;
+use super::future::MustFinish;
 use super::{ResponseFuture, claim, key, read, settle};
 use crate::layer::ResponseBody;
 use crate::metrics::{self, Handled};
@@ -60,19 +61,22 @@ where
             method = %request.method(),
             key = tracing::field::Empty
         );
-        ResponseFuture::new(through(self.settings.clone(), ready, request).instrument(span))
+        let settings = self.settings.clone();
+        ResponseFuture::new(|claimed| through(settings, ready, request, claimed).instrument(span))
     }
 }
 
 /// One request through the layer: read the request, resolve its caller and
 /// key, claim the key, call the service, settle its outcome (ARCHITECTURE.md,
 /// "Bird's-eye view"). Once the key is claimed, the rest cannot be cancelled
-/// (ARCHITECTURE.md, "Records"). A step that answers the request itself ends the path
+/// (ARCHITECTURE.md, "Records"): `claimed` says so to the
+/// [`ResponseFuture`] this runs in. A step that answers the request itself ends the path
 /// there, with the layer's own [`Answer`](super::answer::Answer).
 async fn through<S, ReqBody, ResBody>(
     settings: Settings,
     mut inner: S,
     request: Request<ReqBody>,
+    claimed: MustFinish,
 ) -> Reply<ResBody, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
@@ -117,18 +121,17 @@ where
     };
 
     // Claim it: the key is ours, or a duplicate is answered.
-    let claimed = match claim::claim(&settings, target, &label).await {
-        Ok(claimed) => claimed,
+    let held = match claim::claim(&settings, target, &label).await {
+        Ok(held) => held,
         Err(answer) => return Ok(answer.respond(&settings, &label)),
     };
 
-    // Call the service and settle its outcome, detached from the client: a
-    // handler that has started runs to its end even if the client goes
-    // (its effect may be half made), and its outcome is settled either way.
-    settle::detached(call_and_settle(
-        settings, claimed, inner, parts, body, label,
-    ))
-    .await
+    // Call the service and settle its outcome, whether or not the client
+    // waits for it: a handler that has started runs to its end even if the
+    // client goes (its effect may be half made), and its outcome is settled
+    // either way.
+    claimed.from_now();
+    call_and_settle(settings, held, inner, parts, body, label).await
 }
 
 /// Calls the service while the claim is held, then keeps a final outcome or

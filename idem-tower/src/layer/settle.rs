@@ -1,19 +1,14 @@
 //! Settling a claim once the service has answered: the response sorted by
 //! the outcome policy, a final one buffered and kept, anything else letting
-//! the key go; and the whole attempt, from the claim on, finished even if the
-//! client has gone (ARCHITECTURE.md, "Records").
+//! the key go (ARCHITECTURE.md, "Records").
 
-use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Response};
 use http_body::Body;
 use http_body_util::BodyExt;
 use idem_core::{Outcome, StoredResponse};
-use tracing::Instrument;
-use tracing::instrument::Instrumented;
 
 use super::answer::Answer;
 use super::claim::Claimed;
@@ -55,66 +50,6 @@ where
             metrics::request(Handled::NotRun, &route);
             claimed.abort("refused before the handler ran").await;
             response
-        }
-    }
-}
-
-/// Runs `work` in place, and makes sure a client that disconnects now cannot
-/// cancel it. The layer detaches the whole attempt from the moment its key
-/// is claimed: a handler that has started may have made part of its effect,
-/// and cancelling it would leave that part made while the key went free for
-/// a retry that makes it again; its outcome must be settled (stored,
-/// committed, or released if not final) whether or not anyone is still
-/// listening. If the request future is dropped before the work is done, the
-/// work moves to a task of its own and finishes there (see [`Settling`]).
-/// (Boxed at once: the request's own future then holds a pointer, not the
-/// whole attempt, and stays small to move.)
-pub(super) fn detached<F>(work: F) -> Settling<Instrumented<F>>
-where
-    F: Future<Output: Send> + Send + 'static,
-{
-    Settling(Some(Box::pin(work.in_current_span())))
-}
-
-/// Work that must finish once started: polled in place (no task to spawn on
-/// the common path, where the client waits for its answer), and handed to a
-/// spawned task if dropped unfinished.
-pub(super) struct Settling<F: Future<Output: Send> + Send + 'static>(Option<Pin<Box<F>>>);
-
-impl<F: Future<Output: Send> + Send + 'static> Future for Settling<F> {
-    type Output = F::Output;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        // Taken out while polled: if the poll panics, the drop below finds
-        // nothing to hand on, and the half-run future is not resumed.
-        let mut settling = self.0.take().expect("polled after completion");
-        match settling.as_mut().poll(cx) {
-            Poll::Ready(out) => Poll::Ready(out),
-            Poll::Pending => {
-                self.0 = Some(settling);
-                Poll::Pending
-            }
-        }
-    }
-}
-
-impl<F: Future<Output: Send> + Send + 'static> Drop for Settling<F> {
-    fn drop(&mut self) {
-        let Some(settling) = self.0.take() else {
-            return;
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                tracing::debug!("request dropped mid-attempt; finishing it on a task");
-                runtime.spawn(async move {
-                    settling.await;
-                });
-            }
-            // Dropping it here releases the claim through its guard, or rolls
-            // the transaction back: the retry then runs the effect again.
-            Err(_) => tracing::error!(
-                "no tokio runtime to finish an attempt whose client is gone; its claim is abandoned"
-            ),
         }
     }
 }

@@ -224,6 +224,39 @@ async fn a_client_gone_mid_handler_whose_outcome_is_not_final_frees_the_key_at_i
     assert_eq!(calls.get(), 2);
 }
 
+/// A client that gives up before its key is claimed (here, while its body
+/// is still arriving) takes its request with it: nothing is finished on its
+/// behalf, nothing holds the key, and the retry runs as a first request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_gone_before_the_claim_leaves_nothing_behind() {
+    let calls = Calls::default();
+    let inner = counting(&calls, |n, _| async move { created(n) });
+    let service = Idempotency::new(MemoryStore::new()).layer().layer(inner);
+    let slow_body = || {
+        let chunks = futures_util::stream::iter([ORDER]).then(|chunk| async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            Ok::<_, Infallible>(chunk)
+        });
+        Request::post("/orders")
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header("idempotency-key", "k-gone-early")
+            .body(Body::from_stream(chunks))
+            .expect("a valid request")
+    };
+
+    let cut_off = tokio::time::timeout(Duration::from_millis(50), send(&service, slow_body())).await;
+    assert!(cut_off.is_err(), "the first request was cut off");
+    // Past the moment the body would have arrived, had anything kept
+    // reading it.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(calls.get(), 0, "the abandoned request ran the handler");
+
+    let retry = send(&service, post("/orders", Some("k-gone-early"), ORDER)).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
+    assert!(!retry.replayed());
+    assert_eq!(calls.get(), 1);
+}
+
 /// Sends `request()` until the answer is not 409 in flight, for `within` at
 /// most: the first other answer.
 async fn past_in_flight<S, B>(
