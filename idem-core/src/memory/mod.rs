@@ -1,9 +1,11 @@
 //! An in-process store: sharded hash maps with lazy expiry and a capacity
 //! bound in bytes.
 //!
-//! Each key lives in one of a fixed number of shards, each a `HashMap` behind
-//! its own mutex, so every transition is one short critical section and
-//! claims of different keys rarely meet. Records carry their expiry instant
+//! Each key lives in one of a fixed number of shards, each a hash table
+//! behind its own mutex, so every transition is one short critical section
+//! and claims of different keys rarely meet. A key is hashed once per
+//! operation: the one hash picks the shard and finds the key in it, and each
+//! record keeps its hash, so a table that grows never hashes its keys again. Records carry their expiry instant
 //! and count as absent once it has passed; a shard sweeps its expired
 //! records whenever it has doubled in size since its last sweep, so the work
 //! is a constant per write on average and no thread or timer is needed.
@@ -21,10 +23,12 @@
 //! go first.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use hashbrown::HashTable;
 
 use crate::{
     Claim, Error, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken, Record,
@@ -74,15 +78,28 @@ struct Inner {
 
 #[derive(Default)]
 struct Shard {
-    records: HashMap<Arc<str>, Entry>,
+    records: HashTable<Slot>,
     /// Completed records by expiry, nearest first: what eviction takes.
     /// An item whose record has since changed (taken over after expiring)
     /// is stale, and skipped when it comes up; sweeps drop the expired ones.
-    by_expiry: BinaryHeap<Reverse<(Instant, Arc<str>)>>,
+    by_expiry: BinaryHeap<Reverse<(Instant, Hashed)>>,
     /// The weight of every record held, expired ones included.
     bytes: u64,
     /// Sweep when the shard holds more records than this.
     sweep_above: usize,
+}
+
+/// A key with its hash, computed once by [`MemoryStore::shard`].
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Hashed {
+    hash: u64,
+    key: Arc<str>,
+}
+
+/// One record of a shard's table, under its key.
+struct Slot {
+    key: Hashed,
+    entry: Entry,
 }
 
 struct Entry {
@@ -131,29 +148,43 @@ fn replace(bytes: &mut u64, slot: &mut Entry, entry: Entry) {
     *slot = entry;
 }
 
+/// The record of `key`, whose hash is `hash`, in a shard's `records`.
+/// (The records alone: the shard's byte count stays free to change.)
+fn record_mut<'a>(records: &'a mut HashTable<Slot>, hash: u64, key: &str) -> Option<&'a mut Entry> {
+    records
+        .find_mut(hash, |slot| *slot.key.key == *key)
+        .map(|slot| &mut slot.entry)
+}
+
 impl Shard {
     /// Adds `entry` under `key`, which the shard does not hold.
-    fn insert(&mut self, key: &str, entry: Entry) {
+    fn insert(&mut self, hash: u64, key: &str, entry: Entry) {
         self.bytes += entry.weight;
-        self.records.insert(Arc::from(key), entry);
+        let key = Hashed {
+            hash,
+            key: Arc::from(key),
+        };
+        self.records
+            .insert_unique(hash, Slot { key, entry }, |slot| slot.key.hash);
         if self.records.len() > self.sweep_above {
             self.sweep(Instant::now());
         }
     }
 
-    fn remove(&mut self, key: &str) {
-        if let Some(entry) = self.records.remove(key) {
-            self.bytes -= entry.weight;
+    fn remove(&mut self, hash: u64, key: &str) {
+        if let Ok(found) = self.records.find_entry(hash, |slot| *slot.key.key == *key) {
+            let (slot, _) = found.remove();
+            self.bytes -= slot.entry.weight;
         }
     }
 
     /// Drops every expired record.
     fn sweep(&mut self, now: Instant) {
         let mut freed = 0;
-        self.records.retain(|_, entry| {
-            let keep = entry.live(now);
+        self.records.retain(|slot| {
+            let keep = slot.entry.live(now);
             if !keep {
-                freed += entry.weight;
+                freed += slot.entry.weight;
             }
             keep
         });
@@ -170,9 +201,9 @@ impl Shard {
 
     /// Lists the completed record of `key`, which expires at `expires_at`,
     /// for eviction.
-    fn list_for_eviction(&mut self, key: &str, expires_at: Instant) {
-        if let Some((key, _)) = self.records.get_key_value(key) {
-            self.by_expiry.push(Reverse((expires_at, key.clone())));
+    fn list_for_eviction(&mut self, hash: u64, key: &str, expires_at: Instant) {
+        if let Some(slot) = self.records.find(hash, |slot| *slot.key.key == *key) {
+            self.by_expiry.push(Reverse((expires_at, slot.key.clone())));
         }
     }
 
@@ -195,17 +226,17 @@ impl Shard {
             let Some(Reverse((expires_at, key))) = self.by_expiry.pop() else {
                 break;
             };
-            if &*key == keep {
+            if *key.key == *keep {
                 kept = Some(Reverse((expires_at, key)));
                 continue;
             }
             // Stale unless the record is still the completed one listed.
-            if let Some(entry) = self.records.get(&key)
-                && entry.completed()
-                && entry.expires_at == expires_at
+            if let Ok(found) = self.records.find_entry(key.hash, |slot| slot.key == key)
+                && found.get().entry.completed()
+                && found.get().entry.expires_at == expires_at
             {
-                self.bytes -= entry.weight;
-                self.records.remove(&key);
+                let (slot, _) = found.remove();
+                self.bytes -= slot.entry.weight;
             }
         }
         if let Some(kept) = kept {
@@ -241,12 +272,19 @@ impl MemoryStore {
         }
     }
 
-    fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
+    /// The shard of `key`, locked, and the key's hash, which also finds it
+    /// in the shard's table.
+    fn shard(&self, key: &str) -> (MutexGuard<'_, Shard>, u64) {
         let shards = &self.inner.shards;
-        let index = self.inner.hasher.hash_one(key) as usize & (shards.len() - 1);
+        let hash = self.inner.hasher.hash_one(key);
+        // The shard from the hash's middle bits: the table's buckets are
+        // picked by its low bits and its control bytes by its top ones, and
+        // within a shard the bits that picked it are all alike.
+        let index = (hash >> 32) as usize & (shards.len() - 1);
         // A panic never leaves a shard half-changed: every change is one
-        // map operation and its byte count, neither of which can panic.
-        shards[index].lock().unwrap_or_else(|p| p.into_inner())
+        // table operation and its byte count, neither of which can panic.
+        let shard = shards[index].lock().unwrap_or_else(|p| p.into_inner());
+        (shard, hash)
     }
 
     /// Replaces the live in-flight record of `key` held by `owner` with
@@ -258,18 +296,18 @@ impl MemoryStore {
         next: impl FnOnce(&Fingerprint, Instant) -> Option<Entry>,
     ) -> Result<(), Error> {
         let key = key.as_str();
-        let mut guard = self.shard(key);
+        let (mut guard, hash) = self.shard(key);
         let shard = &mut *guard;
         let now = Instant::now();
-        let entry = held(&mut shard.records, key, owner, now)?;
+        let entry = held(&mut shard.records, hash, key, owner, now)?;
         match next(entry.record.fingerprint(), now) {
             Some(next) => {
                 let expires_at = next.expires_at;
                 replace(&mut shard.bytes, entry, next);
-                shard.list_for_eviction(key, expires_at);
+                shard.list_for_eviction(hash, key, expires_at);
                 shard.fit(self.inner.shard_budget, key, now);
             }
-            None => shard.remove(key),
+            None => shard.remove(hash, key),
         }
         Ok(())
     }
@@ -278,13 +316,13 @@ impl MemoryStore {
 /// The live in-flight record of `key` if `owner` holds it: what every
 /// owner-fenced transition starts from.
 fn held<'a>(
-    records: &'a mut HashMap<Arc<str>, Entry>,
+    records: &'a mut HashTable<Slot>,
+    hash: u64,
     key: &str,
     owner: &OwnerToken,
     now: Instant,
 ) -> Result<&'a mut Entry, Error> {
-    records
-        .get_mut(key)
+    record_mut(records, hash, key)
         .filter(|entry| entry.holder(now) == Some(owner))
         .ok_or_else(Error::lease_lost)
 }
@@ -305,7 +343,7 @@ impl IdempotencyStore for MemoryStore {
     ) -> Result<Claim, Error> {
         let key = key.as_str();
         let found = {
-            let mut guard = self.shard(key);
+            let (mut guard, hash) = self.shard(key);
             let shard = &mut *guard;
             let now = Instant::now();
             let claimed = || {
@@ -317,7 +355,7 @@ impl IdempotencyStore for MemoryStore {
             };
             // One lookup: a live record answers, an expired one is taken
             // over in place, an absent key is added.
-            match shard.records.get_mut(key) {
+            match record_mut(&mut shard.records, hash, key) {
                 Some(entry) if entry.live(now) => (
                     entry.record.clone(),
                     entry.expires_at.saturating_duration_since(now),
@@ -327,7 +365,7 @@ impl IdempotencyStore for MemoryStore {
                     return Ok(Claim::Acquired(owner));
                 }
                 None => {
-                    shard.insert(key, claimed());
+                    shard.insert(hash, key, claimed());
                     return Ok(Claim::Acquired(owner));
                 }
             }
@@ -364,9 +402,9 @@ impl IdempotencyStore for MemoryStore {
         lease: Duration,
     ) -> Result<(), Error> {
         let key = key.as_str();
-        let mut shard = self.shard(key);
+        let (mut shard, hash) = self.shard(key);
         let now = Instant::now();
-        let entry = held(&mut shard.records, key, owner, now)?;
+        let entry = held(&mut shard.records, hash, key, owner, now)?;
         // Same record, same weight: only the expiry moves.
         entry.expires_at = now + lease;
         Ok(())

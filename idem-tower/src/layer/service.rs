@@ -12,8 +12,8 @@ use tower::Service;
 use tracing::Instrument;
 
 use super::claim::Claimed;
-use super::layer::Settings;
 use super::future::MustFinish;
+use super::layer::Settings;
 use super::{ResponseFuture, claim, key, read, settle};
 use crate::layer::ResponseBody;
 use crate::metrics::{self, Handled};

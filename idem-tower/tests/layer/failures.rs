@@ -244,7 +244,8 @@ async fn a_client_gone_before_the_claim_leaves_nothing_behind() {
             .expect("a valid request")
     };
 
-    let cut_off = tokio::time::timeout(Duration::from_millis(50), send(&service, slow_body())).await;
+    let cut_off =
+        tokio::time::timeout(Duration::from_millis(50), send(&service, slow_body())).await;
     assert!(cut_off.is_err(), "the first request was cut off");
     // Past the moment the body would have arrived, had anything kept
     // reading it.
