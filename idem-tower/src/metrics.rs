@@ -14,6 +14,7 @@
 //!
 //! With no recorder installed these cost next to nothing.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How one request through the layer ended.
@@ -72,20 +73,26 @@ impl Handled {
     }
 }
 
-/// The `route` label when nothing names the route.
-pub(crate) const UNKNOWN_ROUTE: &str = "unknown";
+/// The `route` label of one request, shared by every metric it reports: a
+/// label is a reference count, not a copy of the route.
+pub(crate) type RouteLabel = Arc<str>;
 
-pub(crate) fn request(outcome: Handled, route: &str) {
+/// The `route` label when nothing names the route.
+pub(crate) fn unknown_route() -> RouteLabel {
+    Arc::from("unknown")
+}
+
+pub(crate) fn request(outcome: Handled, route: &RouteLabel) {
     metrics::counter!(
         "idem_requests_total",
         "outcome" => outcome.label(),
-        "route" => route.to_owned()
+        "route" => Arc::clone(route)
     )
     .increment(1);
 }
 
-pub(crate) fn claim_latency(elapsed: Duration, route: &str) {
-    metrics::histogram!("idem_claim_seconds", "route" => route.to_owned())
+pub(crate) fn claim_latency(elapsed: Duration, route: &RouteLabel) {
+    metrics::histogram!("idem_claim_seconds", "route" => Arc::clone(route))
         .record(elapsed.as_secs_f64());
 }
 
@@ -100,7 +107,7 @@ pub(crate) enum Renewal {
     Lost,
 }
 
-pub(crate) fn renewal(result: Renewal, route: &str) {
+pub(crate) fn renewal(result: Renewal, route: &RouteLabel) {
     let result = match result {
         Renewal::Ok => "ok",
         Renewal::Failed => "failed",
@@ -109,7 +116,7 @@ pub(crate) fn renewal(result: Renewal, route: &str) {
     metrics::counter!(
         "idem_lease_renewals_total",
         "result" => result,
-        "route" => route.to_owned()
+        "route" => Arc::clone(route)
     )
     .increment(1);
 }

@@ -10,7 +10,7 @@ use idem_core::{Duplicate, Outcome, StoredResponse};
 use super::layer::Settings;
 use crate::Idempotency;
 use crate::layer::ResponseBody;
-use crate::metrics::{self, Handled};
+use crate::metrics::{self, Handled, RouteLabel};
 use crate::problem::Problem;
 
 /// What the layer answers itself, at the step that found it.
@@ -38,7 +38,7 @@ impl Answer {
     pub(super) fn respond<B: Body>(
         self,
         settings: &Settings,
-        route: &str,
+        route: &RouteLabel,
     ) -> Response<ResponseBody<B>> {
         match self {
             Self::Refused(rejection) => {
@@ -60,7 +60,7 @@ impl Answer {
             }
             Self::Misconfigured(why) => {
                 metrics::request(Handled::Misconfigured, route);
-                tracing::error!(route, "idempotency misconfigured: {why}");
+                tracing::error!(route = &**route, "idempotency misconfigured: {why}");
                 Problem::Misconfigured(why).to_response()
             }
             Self::Unavailable(err) => {
@@ -83,7 +83,7 @@ impl Answer {
 fn duplicate<B: Body>(
     duplicate: Duplicate,
     settings: &Settings,
-    route: &str,
+    route: &RouteLabel,
 ) -> Response<ResponseBody<B>> {
     match duplicate {
         Duplicate::Replay(Outcome::Response(stored)) => {

@@ -16,7 +16,7 @@ use super::key::Target;
 use super::layer::Settings;
 use super::lease;
 use crate::InFlightPolicy;
-use crate::metrics;
+use crate::metrics::{self, RouteLabel};
 
 /// A claim the request holds while its service runs: the layer's to keep
 /// (finish) or let go (abort), the same way in either mode.
@@ -47,7 +47,7 @@ enum Tried {
 pub(super) async fn claim(
     settings: &Settings,
     target: Target,
-    route: &str,
+    route: &RouteLabel,
 ) -> Result<Claimed, Answer> {
     let store = &settings.config().store;
     let transactions = match (settings.policy.transactional, store.transactional()) {
@@ -133,7 +133,7 @@ impl Claimed {
     /// the key for as long as it stays open.
     /// (Mutably borrowed: the future stays `Send` with a transaction that is
     /// not `Sync`.)
-    pub(super) async fn hold<F: Future>(&mut self, call: F, route: &str) -> F::Output {
+    pub(super) async fn hold<F: Future>(&mut self, call: F, route: &RouteLabel) -> F::Output {
         match self {
             Self::Plain { guard, lease } => lease::renewing(guard, *lease, route, call).await,
             Self::Transaction(_) => call.await,

@@ -1,6 +1,8 @@
 //! Resolving the key: the matched route and its parameters, then the key
 //! and the fingerprint the request's claim lives under.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http::request::Parts;
 use idem_core::{Fingerprint, IdempotencyKey, KeyError, Placeholder, RequestView};
@@ -19,14 +21,14 @@ pub(super) struct Target {
 
 /// The route pattern: as axum matched it, or as the layer was told
 /// ([`IdempotencyLayer::route`](super::IdempotencyLayer::route)).
-pub(super) fn matched_route(extensions: &http::Extensions, policy: &Policy) -> Option<String> {
+pub(super) fn matched_route(extensions: &http::Extensions, policy: &Policy) -> Option<Arc<str>> {
     #[cfg(feature = "axum")]
     if let Some(route) = extensions.get::<axum::extract::MatchedPath>() {
-        return Some(route.as_str().to_owned());
+        return Some(Arc::from(route.as_str()));
     }
     #[cfg(not(feature = "axum"))]
     let _ = extensions;
-    policy.route.as_ref().map(|p| p.as_str().to_owned())
+    policy.route.as_ref().map(|p| Arc::from(p.as_str()))
 }
 
 /// Builds the key and fingerprint under `route` (the matched route, or the
@@ -38,11 +40,11 @@ pub(super) async fn target(
     settings: &Settings,
     parts: &mut Parts,
     body: &Bytes,
-    route: Option<String>,
+    route: Option<Arc<str>>,
     caller: &Caller,
 ) -> Result<Option<Target>, Answer> {
     let policy = &*settings.policy;
-    let route = route.unwrap_or_else(|| parts.uri.path().to_owned());
+    let route = route.unwrap_or_else(|| Arc::from(parts.uri.path()));
     let params = path_params(parts, policy).await;
     let view = RequestView::new(&parts.method, &route, &parts.headers)
         .path_params(&params)

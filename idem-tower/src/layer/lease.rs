@@ -10,7 +10,7 @@ use futures_util::future::{Either, select};
 use idem_core::{ErrorKind, Outcome};
 
 use super::guard::ClaimGuard;
-use crate::metrics::{self, Renewal};
+use crate::metrics::{self, Renewal, RouteLabel};
 
 /// How often a completion that failed on a store error is tried in all.
 const COMPLETE_ATTEMPTS: u32 = 3;
@@ -23,7 +23,7 @@ const COMPLETE_ATTEMPTS: u32 = 3;
 pub(super) async fn renewing<F: Future>(
     guard: &ClaimGuard,
     lease: Duration,
-    route: &str,
+    route: &RouteLabel,
     call: F,
 ) -> F::Output {
     let call = pin!(call);
@@ -40,7 +40,7 @@ pub(super) async fn renewing<F: Future>(
 /// tried a third of a lease later; one that has not answered by then is
 /// given up and counted as failed, so a stalled store cannot hold the
 /// renewals back. Returns once the store says the claim is no longer ours.
-async fn heartbeat(guard: &ClaimGuard, lease: Duration, route: &str) {
+async fn heartbeat(guard: &ClaimGuard, lease: Duration, route: &RouteLabel) {
     if tokio::runtime::Handle::try_current().is_err() {
         tracing::warn!(
             "no tokio runtime to time lease renewals; the claim lives by its first lease only"

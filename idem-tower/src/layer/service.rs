@@ -16,7 +16,7 @@ use super::future::MustFinish;
 use super::layer::Settings;
 use super::{ResponseFuture, claim, key, read, settle};
 use crate::layer::ResponseBody;
-use crate::metrics::{self, Handled};
+use crate::metrics::{self, Handled, RouteLabel};
 
 /// The service made by [`IdempotencyLayer`](super::IdempotencyLayer).
 #[derive(Debug, Clone)]
@@ -88,10 +88,7 @@ where
     ResBody::Error: Send,
 {
     let route = key::matched_route(request.extensions(), &settings.policy);
-    let label = route
-        .as_deref()
-        .unwrap_or(metrics::UNKNOWN_ROUTE)
-        .to_owned();
+    let label = route.clone().unwrap_or_else(metrics::unknown_route);
     if read::passes_through(&settings, request.method()) {
         metrics::request(Handled::SafeMethod, &label);
         return Ok(inner.call(request).await?.map(ResponseBody::inner));
@@ -142,7 +139,7 @@ async fn call_and_settle<S, ReqBody, ResBody>(
     mut inner: S,
     mut parts: http::request::Parts,
     body: Bytes,
-    label: String,
+    label: RouteLabel,
 ) -> Reply<ResBody, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,

@@ -15,7 +15,7 @@ use super::claim::Claimed;
 use super::layer::Settings;
 use crate::HandlerRan;
 use crate::layer::ResponseBody;
-use crate::metrics::{self, Handled};
+use crate::metrics::{self, Handled, RouteLabel};
 
 /// Keeps a final response (stored, or committed with the handler's
 /// writes), or lets the key go for anything else.
@@ -23,7 +23,7 @@ pub(super) async fn settle<B>(
     settings: Settings,
     claimed: Claimed,
     response: Response<B>,
-    route: String,
+    route: RouteLabel,
 ) -> Response<ResponseBody<B>>
 where
     B: Body<Data = Bytes> + Send + 'static,
@@ -127,21 +127,63 @@ enum Buffered<B: Body> {
 /// Reads a response body for storage, up to `cap` bytes.
 async fn buffer_response<B: Body<Data = Bytes>>(body: B, cap: usize) -> Buffered<B> {
     let mut body = Box::pin(body);
-    let mut buf = BytesMut::new();
+    let mut read = Read::Nothing;
     while let Some(frame) = body.frame().await {
         match frame {
             Ok(frame) => {
                 if let Ok(data) = frame.into_data() {
-                    buf.extend_from_slice(&data);
-                    if buf.len() > cap {
-                        return Buffered::Partial(buf.freeze(), body);
+                    read.push(data);
+                    if read.len() > cap {
+                        return Buffered::Partial(read.into_bytes(), body);
                     }
                 }
             }
-            Err(err) => return Buffered::Failed(buf.freeze(), err),
+            Err(err) => return Buffered::Failed(read.into_bytes(), err),
         }
     }
-    Buffered::Whole(buf.freeze())
+    Buffered::Whole(read.into_bytes())
+}
+
+/// What [`buffer_response`] has read so far. A body of one data frame (a
+/// handler's usual `Full` or `Json` body) is kept as it came, not copied.
+enum Read {
+    Nothing,
+    One(Bytes),
+    Many(BytesMut),
+}
+
+impl Read {
+    fn push(&mut self, data: Bytes) {
+        *self = match std::mem::replace(self, Self::Nothing) {
+            Self::Nothing => Self::One(data),
+            Self::One(first) => {
+                let mut buf = BytesMut::with_capacity(first.len() + data.len());
+                buf.extend_from_slice(&first);
+                buf.extend_from_slice(&data);
+                Self::Many(buf)
+            }
+            Self::Many(mut buf) => {
+                buf.extend_from_slice(&data);
+                Self::Many(buf)
+            }
+        };
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Self::Nothing => 0,
+            Self::One(data) => data.len(),
+            Self::Many(buf) => buf.len(),
+        }
+    }
+
+    fn into_bytes(self) -> Bytes {
+        match self {
+            Self::Nothing => Bytes::new(),
+            Self::One(data) => data,
+            Self::Many(buf) => buf.freeze(),
+        }
+    }
 }
 
 /// The response headers a replay repeats: the handle's allow-list, less
