@@ -94,7 +94,7 @@ pub(crate) struct MustFinish(Arc<AtomicBool>);
 
 impl MustFinish {
     /// The key is claimed: the attempt may no longer be cancelled.
-    pub(crate) fn from_now(&self) {
+    pub(crate) fn set(&self) {
         self.0.store(true, Ordering::Release);
     }
 }

@@ -127,7 +127,7 @@ where
     // waits for it: a handler that has started runs to its end even if the
     // client goes (its effect may be half made), and its outcome is settled
     // either way.
-    claimed.from_now();
+    claimed.set();
     call_and_settle(settings, held, inner, parts, body, label).await
 }
 
