@@ -1,10 +1,13 @@
 //! The response kept for replay.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
 /// A response as it is stored and replayed: status, the allow-listed headers
-/// (repeated and non-UTF-8 values kept as they were) and the body.
+/// (repeated and non-UTF-8 values kept as they were) and the body. A clone
+/// shares the headers and the body; it copies neither.
 ///
 /// ```
 /// use idem_core::StoredResponse;
@@ -18,7 +21,7 @@ use http::{HeaderMap, StatusCode};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredResponse {
     status: StatusCode,
-    headers: HeaderMap,
+    headers: Arc<HeaderMap>,
     body: Bytes,
 }
 
@@ -28,7 +31,7 @@ impl StoredResponse {
     pub fn new(status: StatusCode, headers: HeaderMap, body: impl Into<Bytes>) -> Self {
         Self {
             status,
-            headers,
+            headers: Arc::new(headers),
             body: body.into(),
         }
     }
@@ -48,9 +51,10 @@ impl StoredResponse {
         &self.body
     }
 
-    /// Status, headers and body, by value.
+    /// Status, headers and body, by value (the headers copied if a clone
+    /// still shares them).
     pub fn into_parts(self) -> (StatusCode, HeaderMap, Bytes) {
-        (self.status, self.headers, self.body)
+        (self.status, Arc::unwrap_or_clone(self.headers), self.body)
     }
 
     /// Approximate size in bytes, for capacity accounting.
