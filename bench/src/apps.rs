@@ -16,9 +16,9 @@ use axum_idempotent::{IdempotentLayer, IdempotentOptions};
 use idem_tower::core::redis::redis;
 use idem_tower::core::sql::sqlx::postgres::{PgConnection, PgPoolOptions};
 use idem_tower::core::sql::sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
 };
-use idem_tower::core::sql::sqlx::{self, PgPool, Postgres, SqlitePool};
+use idem_tower::core::sql::sqlx::{self, PgPool, Postgres, Sqlite, SqlitePool};
 use idem_tower::store::IdempotencyStore;
 use idem_tower::{
     HandlerRan, Idempotency, MemoryStore, PgStore, RedisStore, SqliteStore, TieredStore, Tx,
@@ -68,6 +68,20 @@ pub(crate) enum Kind {
     OrdersPg { url: String, pool: u32 },
     /// The same behind the Redis gate (`TieredStore`), transactional.
     OrdersTiered { url: String, pool: u32 },
+    /// The orders endpoint on SQLite (WAL, `synchronous = NORMAL`, as the
+    /// orders app runs it), without idempotency.
+    OrdersSqliteBare {
+        path: PathBuf,
+        pool: u32,
+        accounts: u32,
+    },
+    /// The orders endpoint on SQLite writing through idem's `Tx`, in
+    /// transactional mode: what the orders app runs by default.
+    OrdersSqlite {
+        path: PathBuf,
+        pool: u32,
+        accounts: u32,
+    },
 }
 
 impl Kind {
@@ -75,7 +89,11 @@ impl Kind {
     pub(crate) fn orders(&self) -> bool {
         matches!(
             self,
-            Self::OrdersBare { .. } | Self::OrdersPg { .. } | Self::OrdersTiered { .. }
+            Self::OrdersBare { .. }
+                | Self::OrdersPg { .. }
+                | Self::OrdersTiered { .. }
+                | Self::OrdersSqliteBare { .. }
+                | Self::OrdersSqlite { .. }
         )
     }
 }
@@ -103,6 +121,8 @@ struct AppState {
     redis: Option<Counted>,
     /// The bare orders endpoint's pool.
     pg: Option<PgPool>,
+    /// The bare orders endpoint's pool, on SQLite.
+    sqlite: Option<SqlitePool>,
     /// Simulated work in the handler (zero under load).
     delay: Duration,
 }
@@ -244,6 +264,105 @@ async fn place_order(conn: &mut PgConnection, order: AccountOrder) -> Result<Pla
         amount_cents: order.amount_cents,
         balance_cents,
     })
+}
+
+/// Creates the orders endpoint's tables in a SQLite database if missing,
+/// empties the orders and gives `accounts` accounts their starting balance.
+async fn prepare_sqlite_orders(pool: &SqlitePool, accounts: u32) -> Result<(), String> {
+    let schema = format!(
+        "CREATE TABLE IF NOT EXISTS {ACCOUNTS_TABLE} (
+             account_id INTEGER PRIMARY KEY, balance_cents INTEGER NOT NULL);
+         CREATE TABLE IF NOT EXISTS {ORDERS_TABLE} (
+             order_id INTEGER PRIMARY KEY AUTOINCREMENT, account_id INTEGER NOT NULL,
+             sku TEXT NOT NULL, qty INTEGER NOT NULL, amount_cents INTEGER NOT NULL,
+             balance_cents INTEGER NOT NULL);
+         DELETE FROM {ORDERS_TABLE};
+         DELETE FROM {ACCOUNTS_TABLE};"
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(schema))
+        .execute(pool)
+        .await
+        .map_err(|e| format!("the orders tables: {e}"))?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "WITH RECURSIVE a(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM a WHERE n + 1 < ?2) \
+         INSERT INTO {ACCOUNTS_TABLE} (account_id, balance_cents) SELECT n, ?1 FROM a"
+    )))
+    .bind(STARTING_BALANCE_CENTS)
+    .bind(i64::from(accounts.max(1)))
+    .execute(pool)
+    .await
+    .map_err(|e| format!("the orders accounts: {e}"))?;
+    Ok(())
+}
+
+/// [`place_order`] on SQLite.
+async fn place_order_sqlite(
+    conn: &mut SqliteConnection,
+    order: AccountOrder,
+) -> Result<Placed, sqlx::Error> {
+    let balance_cents: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "UPDATE {ACCOUNTS_TABLE} SET balance_cents = balance_cents - ?1 \
+         WHERE account_id = ?2 RETURNING balance_cents"
+    )))
+    .bind(order.amount_cents)
+    .bind(order.account)
+    .fetch_one(&mut *conn)
+    .await?;
+    let order_id: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {ORDERS_TABLE} (account_id, sku, qty, amount_cents, balance_cents) \
+         VALUES (?1, ?2, ?3, ?4, ?5) RETURNING order_id"
+    )))
+    .bind(order.account)
+    .bind(&order.sku)
+    .bind(order.qty)
+    .bind(order.amount_cents)
+    .bind(balance_cents)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(Placed {
+        order_id,
+        account: order.account,
+        sku: order.sku,
+        qty: order.qty,
+        amount_cents: order.amount_cents,
+        balance_cents,
+    })
+}
+
+/// The orders endpoint on SQLite without idempotency: its writes in a
+/// transaction of its own (the debit first, so the transaction takes the
+/// write lock at its first statement), committed before it answers.
+async fn create_order_sqlite(
+    State(state): State<AppState>,
+    Json(order): Json<AccountOrder>,
+) -> axum::response::Response {
+    state.calls.fetch_add(1, Ordering::Relaxed);
+    let pool = state.sqlite.as_ref().expect("the orders endpoint's pool");
+    let result = async {
+        let mut tx = pool.begin().await?;
+        let done = place_order_sqlite(&mut tx, order).await?;
+        tx.commit().await?;
+        Ok::<_, sqlx::Error>(done)
+    }
+    .await;
+    match result {
+        Ok(done) => placed(done).into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+/// The orders endpoint on SQLite writing through the idempotency claim's
+/// own transaction.
+async fn create_order_sqlite_tx(
+    State(state): State<AppState>,
+    mut tx: Tx<Sqlite>,
+    Json(order): Json<AccountOrder>,
+) -> Result<(HandlerRan, impl IntoResponse), StatusCode> {
+    state.calls.fetch_add(1, Ordering::Relaxed);
+    let done = place_order_sqlite(&mut tx, order)
+        .await
+        .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+    Ok((HandlerRan, placed(done)))
 }
 
 fn placed(
@@ -400,6 +519,7 @@ async fn build(kind: Kind, env: Env, delay: Duration) -> Result<Built, String> {
         calls: Arc::clone(&calls),
         redis: None,
         pg: None,
+        sqlite: None,
         delay,
     };
     let (app, pg, sqlite) = match kind {
@@ -418,24 +538,7 @@ async fn build(kind: Kind, env: Env, delay: Duration) -> Result<Built, String> {
         }
         Kind::Memory => (idem_router(MemoryStore::new())?, None, None),
         Kind::Sqlite { path, pool, full } => {
-            let synchronous = if full {
-                SqliteSynchronous::Full
-            } else {
-                SqliteSynchronous::Normal
-            };
-            let options = SqliteConnectOptions::new()
-                .filename(&path)
-                .create_if_missing(true)
-                .journal_mode(SqliteJournalMode::Wal)
-                .synchronous(synchronous)
-                .busy_timeout(Duration::from_secs(5));
-            let pool = SqlitePoolOptions::new()
-                .max_connections(pool)
-                // As the README advises for SQLite: no ping per acquire.
-                .test_before_acquire(false)
-                .connect_with(options)
-                .await
-                .map_err(|e| format!("SQLite at {}: {e}", path.display()))?;
+            let pool = sqlite_pool(&path, pool, full).await?;
             let store = SqliteStore::new(pool.clone());
             store.migrate().await.map_err(|e| e.to_string())?;
             (idem_router(store)?, None, Some(pool))
@@ -498,6 +601,42 @@ async fn build(kind: Kind, env: Env, delay: Duration) -> Result<Built, String> {
                 None,
             )
         }
+        Kind::OrdersSqliteBare {
+            path,
+            pool,
+            accounts,
+        } => {
+            let pool = sqlite_pool(&path, pool, false).await?;
+            prepare_sqlite_orders(&pool, accounts).await?;
+            state.sqlite = Some(pool.clone());
+            (
+                Router::new().route("/orders", post(create_order_sqlite)),
+                None,
+                Some(pool),
+            )
+        }
+        Kind::OrdersSqlite {
+            path,
+            pool,
+            accounts,
+        } => {
+            let pool = sqlite_pool(&path, pool, false).await?;
+            prepare_sqlite_orders(&pool, accounts).await?;
+            let store = SqliteStore::new(pool.clone());
+            store.migrate().await.map_err(|e| e.to_string())?;
+            let idem = Idempotency::builder(store).build();
+            let layer = idem
+                .layer_with_key(TEMPLATE)
+                .map_err(|e| e.to_string())?
+                .require_handler_ran()
+                .transactional()
+                .map_err(|e| e.to_string())?;
+            (
+                Router::new().route("/orders", post(create_order_sqlite_tx).layer(layer)),
+                None,
+                Some(pool),
+            )
+        }
     };
     Ok((app.with_state(state), calls, pg, sqlite))
 }
@@ -519,6 +658,29 @@ fn orders_router(store: impl IdempotencyStore) -> Result<Router<AppState>, Strin
         .transactional()
         .map_err(|e| e.to_string())?;
     Ok(Router::new().route("/orders", post(create_order_tx).layer(layer)))
+}
+
+/// A SQLite pool on `path` in WAL mode, syncing the disk at every commit
+/// (`full`) or at checkpoints only, set up as the README advises.
+async fn sqlite_pool(path: &std::path::Path, pool: u32, full: bool) -> Result<SqlitePool, String> {
+    let synchronous = if full {
+        SqliteSynchronous::Full
+    } else {
+        SqliteSynchronous::Normal
+    };
+    let options = SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(synchronous)
+        .busy_timeout(Duration::from_secs(5));
+    SqlitePoolOptions::new()
+        .max_connections(pool)
+        // No ping per acquire: a file has no connection to go stale.
+        .test_before_acquire(false)
+        .connect_with(options)
+        .await
+        .map_err(|e| format!("SQLite at {}: {e}", path.display()))
 }
 
 async fn pg_pool(url: &str, pool: u32) -> Result<PgPool, String> {

@@ -126,8 +126,8 @@ struct Args {
     orders_accounts: u32,
     /// Run only these scenarios (comma-separated): bare, bare-redis,
     /// memory, sqlite, postgres, tiered, peer, burst, storm; orders (the
-    /// three orders-endpoint rows), or one of them: orders-bare,
-    /// orders-postgres, orders-tiered.
+    /// orders endpoint's rows), or one of them: orders-bare,
+    /// orders-postgres, orders-tiered, orders-sqlite-bare, orders-sqlite.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Measure only these modes of the idem and peer scenarios
@@ -295,7 +295,12 @@ async fn run(args: Args, server_rt: Handle, cpus: usize) -> i32 {
             }
             jobs.push((label, kind.clone(), mode, redis_use, sql_use));
         }
-        if ctx.args.wants("burst") && !matches!(name, "bare" | "bare-redis" | ORDERS_BARE) {
+        if ctx.args.wants("burst")
+            && !matches!(
+                name,
+                "bare" | "bare-redis" | ORDERS_BARE | ORDERS_SQLITE_BARE
+            )
+        {
             checked.push((label, kind));
         }
     }
@@ -386,10 +391,12 @@ async fn run(args: Args, server_rt: Handle, cpus: usize) -> i32 {
     i32::from(failed)
 }
 
-/// The orders endpoint's selectors (`--only orders` picks all three).
+/// The orders endpoint's selectors (`--only orders` picks them all).
 const ORDERS_BARE: &str = "orders-bare";
 const ORDERS_PG: &str = "orders-postgres";
 const ORDERS_TIERED: &str = "orders-tiered";
+const ORDERS_SQLITE_BARE: &str = "orders-sqlite-bare";
+const ORDERS_SQLITE: &str = "orders-sqlite";
 
 type Scenario = (
     &'static str,
@@ -514,6 +521,30 @@ fn scenarios(ctx: &Ctx) -> Vec<Scenario> {
             both(),
             RedisUse::Counted,
             SqlUse::Postgres,
+        ),
+        (
+            ORDERS_SQLITE_BARE,
+            report::ORDERS_SQLITE_BARE,
+            Kind::OrdersSqliteBare {
+                path: ctx.sqlite_dir.join("orders-bare.db"),
+                pool: ctx.args.sqlite_pool,
+                accounts: ctx.args.orders_accounts,
+            },
+            vec![Mode::Baseline],
+            RedisUse::None,
+            SqlUse::Sqlite,
+        ),
+        (
+            ORDERS_SQLITE,
+            report::ORDERS_SQLITE,
+            Kind::OrdersSqlite {
+                path: ctx.sqlite_dir.join("orders-idem.db"),
+                pool: ctx.args.sqlite_pool,
+                accounts: ctx.args.orders_accounts,
+            },
+            both(),
+            RedisUse::None,
+            SqlUse::Sqlite,
         ),
     ]
 }
