@@ -58,11 +58,16 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
             // On SQLite the transaction holds the write lock from its claim
             // to its commit: it takes the turn to write for all of it, and
             // a turn that does not come in time is answered as SQLite's lock
-            // would be.
+            // would be. It begins before it waits for the turn (a deferred
+            // BEGIN takes no lock, and no snapshot until the claim writes),
+            // so that the turn, which SQLite's transactional claims pass on
+            // one at a time, is not also held while a connection is taken
+            // and BEGIN goes to the database.
+            let mut tx = inner.pool.begin().await.map_err(unavailable)?;
             let Some(turn) = inner.writer.wait(inner.lock_timeout).await else {
+                finish(tx).await;
                 return in_flight;
             };
-            let mut tx = inner.pool.begin().await.map_err(unavailable)?;
             // Another process's open claim of the key: in flight, answered
             // at once (dropping `tx` rolls back and returns the connection).
             if !DB::begin_claim(&mut tx, &hash, inner.lock_timeout)

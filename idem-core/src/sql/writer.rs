@@ -5,8 +5,12 @@
 //! again: under concurrent first requests most of a write's time was spent
 //! asleep. So the store's own writes in this process take turns here
 //! instead, first come first served, each handed the turn the moment the
-//! one before it is done. A turn is taken before a connection, never while
-//! holding one, so writers waiting for their turn leave the pool to readers.
+//! one before it is done. A batch takes its turn before a connection, so
+//! the writes waiting for a turn leave the pool to readers. A transactional
+//! claim takes its connection and begins first (among at most
+//! `max_transactions` open at once, the rest of the pool left to readers),
+//! so that the turn it then holds to its commit does not also cover taking
+//! a connection and BEGIN's round trip.
 //!
 //! What takes a turn: each batch of the store's plain writes (claims,
 //! completions, releases and renewals, run together: `batch.rs`; the read
