@@ -14,9 +14,10 @@ use axum::routing::post;
 use axum::{Json, Router};
 use axum_idempotent::{IdempotentLayer, IdempotentOptions};
 use idem_tower::core::redis::redis;
-use idem_tower::core::sql::sqlx::postgres::{PgConnection, PgPoolOptions};
+use idem_tower::core::sql::Dialect;
+use idem_tower::core::sql::sqlx::postgres::PgPoolOptions;
 use idem_tower::core::sql::sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
+    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
 };
 use idem_tower::core::sql::sqlx::{self, PgPool, Postgres, Sqlite, SqlitePool};
 use idem_tower::store::IdempotencyStore;
@@ -234,36 +235,77 @@ pub(crate) async fn prepare_orders(pool: &PgPool, accounts: u32) -> Result<(), S
     Ok(())
 }
 
-/// The orders endpoint's writes, on `conn` (inside a transaction): debits
-/// the account (a relative update) and inserts the order.
-async fn place_order(conn: &mut PgConnection, order: AccountOrder) -> Result<Placed, sqlx::Error> {
-    let balance_cents: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "UPDATE {ACCOUNTS_TABLE} SET balance_cents = balance_cents - $1 \
-         WHERE account_id = $2 RETURNING balance_cents"
-    )))
-    .bind(order.amount_cents)
-    .bind(order.account)
-    .fetch_one(&mut *conn)
-    .await?;
-    let order_id: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO {ORDERS_TABLE} (account_id, sku, qty, amount_cents, balance_cents) \
-         VALUES ($1, $2, $3, $4, $5) RETURNING order_id"
-    )))
-    .bind(order.account)
-    .bind(&order.sku)
-    .bind(order.qty)
-    .bind(order.amount_cents)
-    .bind(balance_cents)
-    .fetch_one(&mut *conn)
-    .await?;
-    Ok(Placed {
-        order_id,
-        account: order.account,
-        sku: order.sku,
-        qty: order.qty,
-        amount_cents: order.amount_cents,
-        balance_cents,
-    })
+/// A database the orders endpoint runs on: its writes, and the bare
+/// endpoint's pool in the app's state.
+trait OrdersDb: PlaceOrder {
+    fn bare_pool(state: &AppState) -> &sqlx::Pool<Self>;
+}
+
+impl OrdersDb for Postgres {
+    fn bare_pool(state: &AppState) -> &PgPool {
+        state.pg.as_ref().expect("the orders endpoint's pool")
+    }
+}
+
+impl OrdersDb for Sqlite {
+    fn bare_pool(state: &AppState) -> &SqlitePool {
+        state.sqlite.as_ref().expect("the orders endpoint's pool")
+    }
+}
+
+/// The orders endpoint's writes, on any database whose sqlx types they
+/// need (the `$n` parameters read the same on PostgreSQL and SQLite).
+trait PlaceOrder: Dialect {
+    /// Debits the account (a relative update) and inserts the order, on
+    /// `conn` (inside a transaction).
+    fn place_order(
+        conn: &mut Self::Connection,
+        order: AccountOrder,
+    ) -> impl Future<Output = Result<Placed, sqlx::Error>> + Send;
+}
+
+impl<DB> PlaceOrder for DB
+where
+    DB: Dialect,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB> + sqlx::Decode<'q, DB>,
+    for<'q> i32: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    async fn place_order(
+        conn: &mut DB::Connection,
+        order: AccountOrder,
+    ) -> Result<Placed, sqlx::Error> {
+        let balance_cents: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "UPDATE {ACCOUNTS_TABLE} SET balance_cents = balance_cents - $1 \
+             WHERE account_id = $2 RETURNING balance_cents"
+        )))
+        .bind(order.amount_cents)
+        .bind(order.account)
+        .fetch_one(&mut *conn)
+        .await?;
+        let order_id: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {ORDERS_TABLE} (account_id, sku, qty, amount_cents, balance_cents) \
+             VALUES ($1, $2, $3, $4, $5) RETURNING order_id"
+        )))
+        .bind(order.account)
+        .bind(&order.sku)
+        .bind(order.qty)
+        .bind(order.amount_cents)
+        .bind(balance_cents)
+        .fetch_one(&mut *conn)
+        .await?;
+        Ok(Placed {
+            order_id,
+            account: order.account,
+            sku: order.sku,
+            qty: order.qty,
+            amount_cents: order.amount_cents,
+            balance_cents,
+        })
+    }
 }
 
 /// Creates the orders endpoint's tables in a SQLite database if missing,
@@ -295,76 +337,6 @@ async fn prepare_sqlite_orders(pool: &SqlitePool, accounts: u32) -> Result<(), S
     Ok(())
 }
 
-/// [`place_order`] on SQLite.
-async fn place_order_sqlite(
-    conn: &mut SqliteConnection,
-    order: AccountOrder,
-) -> Result<Placed, sqlx::Error> {
-    let balance_cents: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "UPDATE {ACCOUNTS_TABLE} SET balance_cents = balance_cents - ?1 \
-         WHERE account_id = ?2 RETURNING balance_cents"
-    )))
-    .bind(order.amount_cents)
-    .bind(order.account)
-    .fetch_one(&mut *conn)
-    .await?;
-    let order_id: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO {ORDERS_TABLE} (account_id, sku, qty, amount_cents, balance_cents) \
-         VALUES (?1, ?2, ?3, ?4, ?5) RETURNING order_id"
-    )))
-    .bind(order.account)
-    .bind(&order.sku)
-    .bind(order.qty)
-    .bind(order.amount_cents)
-    .bind(balance_cents)
-    .fetch_one(&mut *conn)
-    .await?;
-    Ok(Placed {
-        order_id,
-        account: order.account,
-        sku: order.sku,
-        qty: order.qty,
-        amount_cents: order.amount_cents,
-        balance_cents,
-    })
-}
-
-/// The orders endpoint on SQLite without idempotency: its writes in a
-/// transaction of its own (the debit first, so the transaction takes the
-/// write lock at its first statement), committed before it answers.
-async fn create_order_sqlite(
-    State(state): State<AppState>,
-    Json(order): Json<AccountOrder>,
-) -> axum::response::Response {
-    state.calls.fetch_add(1, Ordering::Relaxed);
-    let pool = state.sqlite.as_ref().expect("the orders endpoint's pool");
-    let result = async {
-        let mut tx = pool.begin().await?;
-        let done = place_order_sqlite(&mut tx, order).await?;
-        tx.commit().await?;
-        Ok::<_, sqlx::Error>(done)
-    }
-    .await;
-    match result {
-        Ok(done) => placed(done).into_response(),
-        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-    }
-}
-
-/// The orders endpoint on SQLite writing through the idempotency claim's
-/// own transaction.
-async fn create_order_sqlite_tx(
-    State(state): State<AppState>,
-    mut tx: Tx<Sqlite>,
-    Json(order): Json<AccountOrder>,
-) -> Result<(HandlerRan, impl IntoResponse), StatusCode> {
-    state.calls.fetch_add(1, Ordering::Relaxed);
-    let done = place_order_sqlite(&mut tx, order)
-        .await
-        .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
-    Ok((HandlerRan, placed(done)))
-}
-
 fn placed(
     placed: Placed,
 ) -> (
@@ -382,16 +354,16 @@ fn placed(
 }
 
 /// The orders endpoint without idempotency: its writes in a transaction of
-/// its own, committed before it answers.
-async fn create_order_sql(
+/// its own (the debit first, so that on SQLite it takes the write lock at
+/// its first statement), committed before it answers.
+async fn create_order_sql<DB: OrdersDb>(
     State(state): State<AppState>,
     Json(order): Json<AccountOrder>,
 ) -> axum::response::Response {
     state.calls.fetch_add(1, Ordering::Relaxed);
-    let pool = state.pg.as_ref().expect("the orders endpoint's pool");
     let result = async {
-        let mut tx = pool.begin().await?;
-        let done = place_order(&mut tx, order).await?;
+        let mut tx = DB::bare_pool(&state).begin().await?;
+        let done = DB::place_order(&mut tx, order).await?;
         if !state.delay.is_zero() {
             tokio::time::sleep(state.delay).await;
         }
@@ -407,13 +379,13 @@ async fn create_order_sql(
 
 /// The orders endpoint writing through the idempotency claim's own
 /// transaction: the layer commits the writes with the stored response.
-async fn create_order_tx(
+async fn create_order_tx<DB: OrdersDb>(
     State(state): State<AppState>,
-    mut tx: Tx<Postgres>,
+    mut tx: Tx<DB>,
     Json(order): Json<AccountOrder>,
 ) -> Result<(HandlerRan, impl IntoResponse), StatusCode> {
     state.calls.fetch_add(1, Ordering::Relaxed);
-    let done = place_order(&mut tx, order)
+    let done = DB::place_order(&mut tx, order)
         .await
         .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
     if !state.delay.is_zero() {
@@ -581,7 +553,7 @@ async fn build(kind: Kind, env: Env, delay: Duration) -> Result<Built, String> {
             let pool = pg_pool(&url, pool).await?;
             state.pg = Some(pool.clone());
             (
-                Router::new().route("/orders", post(create_order_sql)),
+                Router::new().route("/orders", post(create_order_sql::<Postgres>)),
                 Some(pool),
                 None,
             )
@@ -589,14 +561,14 @@ async fn build(kind: Kind, env: Env, delay: Duration) -> Result<Built, String> {
         Kind::OrdersPg { url, pool } => {
             let store = orders_store(&url, pool).await?;
             let pool = store.pool().clone();
-            (orders_router(store)?, Some(pool), None)
+            (orders_router::<Postgres>(store)?, Some(pool), None)
         }
         Kind::OrdersTiered { url, pool } => {
             let truth = orders_store(&url, pool).await?;
             let pool = truth.pool().clone();
             let gate = RedisStore::new(redis_connection(&env).await?);
             (
-                orders_router(TieredStore::new(gate, truth))?,
+                orders_router::<Postgres>(TieredStore::new(gate, truth))?,
                 Some(pool),
                 None,
             )
@@ -610,7 +582,7 @@ async fn build(kind: Kind, env: Env, delay: Duration) -> Result<Built, String> {
             prepare_sqlite_orders(&pool, accounts).await?;
             state.sqlite = Some(pool.clone());
             (
-                Router::new().route("/orders", post(create_order_sqlite)),
+                Router::new().route("/orders", post(create_order_sql::<Sqlite>)),
                 None,
                 Some(pool),
             )
@@ -624,18 +596,7 @@ async fn build(kind: Kind, env: Env, delay: Duration) -> Result<Built, String> {
             prepare_sqlite_orders(&pool, accounts).await?;
             let store = SqliteStore::new(pool.clone());
             store.migrate().await.map_err(|e| e.to_string())?;
-            let idem = Idempotency::builder(store).build();
-            let layer = idem
-                .layer_with_key(TEMPLATE)
-                .map_err(|e| e.to_string())?
-                .require_handler_ran()
-                .transactional()
-                .map_err(|e| e.to_string())?;
-            (
-                Router::new().route("/orders", post(create_order_sqlite_tx).layer(layer)),
-                None,
-                Some(pool),
-            )
+            (orders_router::<Sqlite>(store)?, None, Some(pool))
         }
     };
     Ok((app.with_state(state), calls, pg, sqlite))
@@ -649,7 +610,7 @@ fn idem_router(store: impl IdempotencyStore) -> Result<Router<AppState>, String>
 
 /// The orders endpoint behind idem in transactional mode, keyed as every
 /// idem scenario, the handler marking its responses (`HandlerRan`).
-fn orders_router(store: impl IdempotencyStore) -> Result<Router<AppState>, String> {
+fn orders_router<DB: OrdersDb>(store: impl IdempotencyStore) -> Result<Router<AppState>, String> {
     let idem = Idempotency::builder(store).build();
     let layer = idem
         .layer_with_key(TEMPLATE)
@@ -657,7 +618,7 @@ fn orders_router(store: impl IdempotencyStore) -> Result<Router<AppState>, Strin
         .require_handler_ran()
         .transactional()
         .map_err(|e| e.to_string())?;
-    Ok(Router::new().route("/orders", post(create_order_tx).layer(layer)))
+    Ok(Router::new().route("/orders", post(create_order_tx::<DB>).layer(layer)))
 }
 
 /// A SQLite pool on `path` in WAL mode, syncing the disk at every commit
