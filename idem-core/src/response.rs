@@ -67,3 +67,25 @@ impl StoredResponse {
                 .sum::<usize>()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_clone_shares_the_headers_and_into_parts_copies_them_only_while_shared() {
+        let mut headers = HeaderMap::new();
+        headers.insert(http::header::LOCATION, "/orders/7".parse().unwrap());
+        let stored = StoredResponse::new(StatusCode::CREATED, headers.clone(), "{}");
+        let clone = stored.clone();
+        assert!(std::ptr::eq(stored.headers(), clone.headers()));
+
+        let (_, from_shared, _) = clone.into_parts();
+        assert_eq!(from_shared, headers);
+        let (status, last, body) = stored.into_parts();
+        assert_eq!(
+            (status, last, &body[..]),
+            (StatusCode::CREATED, headers, &b"{}"[..])
+        );
+    }
+}

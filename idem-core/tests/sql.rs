@@ -250,6 +250,103 @@ async fn sqlite_writes_of_one_store_take_turns_instead_of_failing_busy() {
 /// transactional claim is told "in flight" and a plain claim waits, then
 /// replays; a live record that got into the table meanwhile makes the
 /// commit fail, with none of its writes; an expired record is taken over.
+/// SQLite: a transactional claim begins its transaction before it waits for
+/// the turn to write, and holds a connection while it waits; at most
+/// `max_transactions` of them (half the pool by default) do, so the rest
+/// of the pool stays free for reads while one claim's handler runs and
+/// others queue behind it, and every queued claim then commits in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_transactional_claims_waiting_for_their_turn_leave_half_the_pool() {
+    use idem_core::sql::sqlx;
+    use idem_core::store::{TransactionalStore, TxClaim};
+    use idem_core::{Fingerprint, IdempotencyKey, Outcome, OwnerToken, StoredResponse};
+
+    const POOL: u32 = 4;
+    const QUEUED: usize = 5;
+    let path = std::env::temp_dir().join(format!("idem-test-queued-{:016x}.db", rand_u64()));
+    let options = SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal);
+    let pool = SqlitePoolOptions::new()
+        .max_connections(POOL)
+        .acquire_timeout(Duration::from_secs(1))
+        .connect_with(options)
+        .await
+        .expect("a SQLite file in the temp directory");
+    let store = SqliteStore::new(pool.clone());
+    store.migrate().await.expect("migrate");
+    let done = || {
+        Outcome::Response(StoredResponse::new(
+            http::StatusCode::CREATED,
+            http::HeaderMap::new(),
+            "done",
+        ))
+    };
+    let (lease, keep) = (Duration::from_secs(30), Duration::from_secs(600));
+    let claim = |n: usize| {
+        let store = store.clone();
+        async move {
+            let key = IdempotencyKey::new("idem-test:", &format!("queued:{n}"));
+            let fp = Fingerprint::from_bytes([9; 32]);
+            store
+                .claim_in_transaction(&key, &fp, lease, OwnerToken::generate())
+                .await
+        }
+    };
+
+    // The first claim holds the turn, as its handler would.
+    let Ok(TxClaim::Open(first)) = claim(0).await else {
+        panic!("the first claim is open");
+    };
+    let mut queued = tokio::task::JoinSet::new();
+    for n in 1..=QUEUED {
+        let claim = claim(n);
+        let done = done();
+        queued.spawn(async move {
+            match claim.await {
+                Ok(TxClaim::Open(tx)) => tx.commit(&done, keep).await.map_err(|e| e.to_string()),
+                other => Err(format!("claim {n}: {other:?}")),
+            }
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let in_use = pool.size() - pool.num_idle() as u32;
+    assert!(
+        in_use <= POOL / 2,
+        "{in_use} of {POOL} connections held by the open claim and those queued behind it"
+    );
+    let read: i64 = sqlx::query_scalar("SELECT 1")
+        .fetch_one(&pool)
+        .await
+        .expect("a read finds a connection while claims queue for the turn");
+    assert_eq!(read, 1);
+
+    first.commit(&done(), keep).await.expect("the first commit");
+    let mut failed = Vec::new();
+    while let Some(result) = queued.join_next().await {
+        if let Err(err) = result.expect("no task panics") {
+            failed.push(err);
+        }
+    }
+    assert_eq!(
+        failed,
+        Vec::<String>::new(),
+        "every queued claim committed in turn"
+    );
+    let records: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {} WHERE state = 'C'",
+        store.table()
+    )))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(records, QUEUED as i64 + 1);
+    pool.close().await;
+    let _ = std::fs::remove_file(&path);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_transactional_claims_write_their_record_at_commit() {
     use idem_core::sql::sqlx::{self, Postgres};
