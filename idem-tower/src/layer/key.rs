@@ -11,6 +11,7 @@ use super::Policy;
 use super::answer::Answer;
 use super::layer::Settings;
 use super::read::Caller;
+use super::route::RoutePattern;
 use crate::problem::Problem;
 
 /// Where one request's claim lives.
@@ -28,7 +29,7 @@ pub(super) fn matched_route(extensions: &http::Extensions, policy: &Policy) -> O
     }
     #[cfg(not(feature = "axum"))]
     let _ = extensions;
-    policy.route.as_ref().map(|p| Arc::from(p.as_str()))
+    policy.route.as_ref().map(RoutePattern::shared)
 }
 
 /// Builds the key and fingerprint under `route` (the matched route, or the

@@ -1,22 +1,26 @@
 //! Matching a request path against a route pattern, for services that are
 //! not behind an axum router.
 
+use std::sync::Arc;
+
 /// A route pattern such as `/payments/{payment_no}/callback` or
 /// `/files/{*path}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RoutePattern {
-    pattern: String,
+    /// Shared: each request's metrics label is this, not a copy.
+    pattern: Arc<str>,
 }
 
 impl RoutePattern {
     pub(crate) fn new(pattern: &str) -> Self {
         Self {
-            pattern: pattern.to_owned(),
+            pattern: Arc::from(pattern),
         }
     }
 
-    pub(crate) fn as_str(&self) -> &str {
-        &self.pattern
+    /// The pattern, as a request's route label.
+    pub(crate) fn shared(&self) -> Arc<str> {
+        Arc::clone(&self.pattern)
     }
 
     /// The parameters of `path` under this pattern (percent-decoded), or
