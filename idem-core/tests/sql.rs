@@ -69,6 +69,15 @@ async fn sqlite() -> Option<SqliteStore> {
     Some(store)
 }
 
+/// A completed outcome: `201` with the body `done`.
+fn done_outcome() -> idem_core::Outcome {
+    idem_core::Outcome::Response(idem_core::StoredResponse::new(
+        http::StatusCode::CREATED,
+        http::HeaderMap::new(),
+        "done",
+    ))
+}
+
 fn rand_u64() -> u64 {
     use std::hash::{BuildHasher, RandomState};
     RandomState::new().hash_one(std::time::SystemTime::now())
@@ -148,7 +157,7 @@ async fn mysql_claims_leave_the_pooled_lock_wait_as_configured() {
 async fn sqlite_writes_of_one_store_take_turns_instead_of_failing_busy() {
     use idem_core::sql::sqlx::{self, Sqlite};
     use idem_core::store::{IdempotencyStore, TransactionalStore, TxClaim};
-    use idem_core::{Claim, Fingerprint, IdempotencyKey, Outcome, OwnerToken, StoredResponse};
+    use idem_core::{Claim, Fingerprint, IdempotencyKey, OwnerToken};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -170,13 +179,6 @@ async fn sqlite_writes_of_one_store_take_turns_instead_of_failing_busy() {
         .unwrap();
     let store = SqliteStore::new(pool.clone());
     store.migrate().await.expect("migrate");
-    let done = || {
-        Outcome::Response(StoredResponse::new(
-            http::StatusCode::CREATED,
-            http::HeaderMap::new(),
-            "done",
-        ))
-    };
     let (lease, keep) = (Duration::from_secs(30), Duration::from_secs(600));
 
     let mut tasks = tokio::task::JoinSet::new();
@@ -195,7 +197,7 @@ async fn sqlite_writes_of_one_store_take_turns_instead_of_failing_busy() {
                 // The handler's effect; not a write of the database, which
                 // would meet SQLite's lock outside the store's turns.
                 ran.fetch_add(1, Ordering::SeqCst);
-                let completed = store.complete(&key, &owner, &done(), keep).await;
+                let completed = store.complete(&key, &owner, &done_outcome(), keep).await;
                 completed.map_err(|err| format!("plain completion {n}: {err}"))
             } else {
                 let claim = store.claim_in_transaction(&key, &fp, lease, owner).await;
@@ -211,7 +213,7 @@ async fn sqlite_writes_of_one_store_take_turns_instead_of_failing_busy() {
                         .await
                         .expect("the effect, in the claim's transaction");
                 }
-                let committed = tx.commit(&done(), keep).await;
+                let committed = tx.commit(&done_outcome(), keep).await;
                 committed.map_err(|err| format!("commit {n}: {err}"))
             }
         });
@@ -259,7 +261,7 @@ async fn sqlite_writes_of_one_store_take_turns_instead_of_failing_busy() {
 async fn sqlite_transactional_claims_waiting_for_their_turn_leave_half_the_pool() {
     use idem_core::sql::sqlx;
     use idem_core::store::{TransactionalStore, TxClaim};
-    use idem_core::{Fingerprint, IdempotencyKey, Outcome, OwnerToken, StoredResponse};
+    use idem_core::{Fingerprint, IdempotencyKey, OwnerToken};
 
     const POOL: u32 = 4;
     const QUEUED: usize = 5;
@@ -276,13 +278,6 @@ async fn sqlite_transactional_claims_waiting_for_their_turn_leave_half_the_pool(
         .expect("a SQLite file in the temp directory");
     let store = SqliteStore::new(pool.clone());
     store.migrate().await.expect("migrate");
-    let done = || {
-        Outcome::Response(StoredResponse::new(
-            http::StatusCode::CREATED,
-            http::HeaderMap::new(),
-            "done",
-        ))
-    };
     let (lease, keep) = (Duration::from_secs(30), Duration::from_secs(600));
     let claim = |n: usize| {
         let store = store.clone();
@@ -302,7 +297,7 @@ async fn sqlite_transactional_claims_waiting_for_their_turn_leave_half_the_pool(
     let mut queued = tokio::task::JoinSet::new();
     for n in 1..=QUEUED {
         let claim = claim(n);
-        let done = done();
+        let done = done_outcome();
         queued.spawn(async move {
             match claim.await {
                 Ok(TxClaim::Open(tx)) => tx.commit(&done, keep).await.map_err(|e| e.to_string()),
@@ -323,7 +318,10 @@ async fn sqlite_transactional_claims_waiting_for_their_turn_leave_half_the_pool(
         .expect("a read finds a connection while claims queue for the turn");
     assert_eq!(read, 1);
 
-    first.commit(&done(), keep).await.expect("the first commit");
+    first
+        .commit(&done_outcome(), keep)
+        .await
+        .expect("the first commit");
     let mut failed = Vec::new();
     while let Some(result) = queued.join_next().await {
         if let Err(err) = result.expect("no task panics") {
