@@ -11,6 +11,7 @@ use idem_core::store::{DynStore, OpenTransaction, TransactionalStore, TxClaim};
 use idem_core::{Duplicate, Outcome, OwnerToken};
 
 use super::answer::Answer;
+use super::future::MustFinish;
 use super::guard::ClaimGuard;
 use super::key::Target;
 use super::layer::Settings;
@@ -43,11 +44,12 @@ enum Tried {
 /// an unavailable store, a transactional route whose store has no
 /// transactions). Under [`InFlightPolicy::Wait`] a duplicate of a running first
 /// attempt tries again until it can be answered otherwise, or the wait is
-/// over.
+/// over, or its client (`attempt`) has gone.
 pub(super) async fn claim(
     settings: &Settings,
     target: Target,
     route: &RouteLabel,
+    attempt: &MustFinish,
 ) -> Result<Claimed, Answer> {
     let store = &settings.config().store;
     let transactions = match (settings.policy.transactional, store.transactional()) {
@@ -67,8 +69,9 @@ pub(super) async fn claim(
     let mut patience = Patience::new(settings.in_flight);
     let tried = loop {
         match try_once(&**store, transactions, &target, settings.lease).await {
+            // No waiting for a client that has gone.
             Ok(Tried::Duplicate(Duplicate::InFlight { retry_after }))
-                if patience.wait(retry_after).await => {}
+                if !attempt.client_gone() && patience.wait(retry_after).await => {}
             tried => break tried,
         }
     };

@@ -5,7 +5,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -13,11 +13,14 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// The response future of [`IdempotencyService`](super::IdempotencyService).
 ///
 /// Its work (buffer, claim, call, store) takes several awaits on the store,
-/// so it is one boxed future. Dropped before the key is claimed (a client
-/// that disconnected), it simply ends; dropped after, the attempt goes on
-/// to its end on a task of its own (the service runs to completion, its
-/// outcome is stored or its key released): an effect that has started must
-/// be replayed or cleanly let go, never cut in half and repeated.
+/// so it is one boxed future. Dropped before its claim is sent to the store
+/// (a client that disconnected while its body arrived), it simply ends.
+/// Dropped after, the attempt goes on to its end on a task of its own: a
+/// claim on its way to the store is waited for and let go at once (the
+/// client is gone: the service is not called), and a service that has
+/// started runs to completion, its outcome stored or its key released. An
+/// effect that has started must be replayed or cleanly let go, never cut in
+/// half and repeated; a claim must not outlive its client by a lease.
 pub struct ResponseFuture<T: Send + 'static> {
     /// `None` while it is being polled, and once it is done.
     inner: Option<BoxFuture<T>>,
@@ -25,13 +28,13 @@ pub struct ResponseFuture<T: Send + 'static> {
 }
 
 impl<T: Send + 'static> ResponseFuture<T> {
-    /// Boxes the attempt `attempt` makes of the flag it sets once its key
-    /// is claimed.
+    /// Boxes the attempt `attempt` makes of the flag it sets before it
+    /// claims its key.
     pub(crate) fn new<F>(attempt: impl FnOnce(MustFinish) -> F) -> Self
     where
         F: Future<Output = T> + Send + 'static,
     {
-        let claimed = MustFinish(Arc::new(AtomicBool::new(false)));
+        let claimed = MustFinish(Arc::new(AtomicU8::new(0)));
         Self {
             inner: Some(Box::pin(attempt(claimed.clone()))),
             claimed,
@@ -61,7 +64,7 @@ impl<T: Send + 'static> Drop for ResponseFuture<T> {
         let Some(attempt) = self.inner.take() else {
             return;
         };
-        if !self.claimed.0.load(Ordering::Acquire) {
+        if self.claimed.0.fetch_or(GONE, Ordering::AcqRel) & MUST_FINISH == 0 {
             return;
         }
         match tokio::runtime::Handle::try_current() {
@@ -86,15 +89,27 @@ impl<T: Send + 'static> fmt::Debug for ResponseFuture<T> {
     }
 }
 
-/// Set by an attempt the moment it holds its key: from then on, the
+/// Set by an attempt as it sends its claim to the store: from then on, the
 /// [`ResponseFuture`] it runs in is finished on a task of its own if it is
-/// dropped, instead of being cut off (ARCHITECTURE.md, "Records").
+/// dropped, instead of being cut off (ARCHITECTURE.md, "Records"); and the
+/// attempt can tell that its client is gone.
 #[derive(Clone)]
-pub(crate) struct MustFinish(Arc<AtomicBool>);
+pub(crate) struct MustFinish(Arc<AtomicU8>);
+
+/// The attempt may no longer be cancelled.
+const MUST_FINISH: u8 = 1;
+/// The response future was dropped: nobody waits for the response.
+const GONE: u8 = 2;
 
 impl MustFinish {
-    /// The key is claimed: the attempt may no longer be cancelled.
+    /// The claim is on its way: the attempt may no longer be cancelled.
     pub(crate) fn set(&self) {
-        self.0.store(true, Ordering::Release);
+        self.0.fetch_or(MUST_FINISH, Ordering::AcqRel);
+    }
+
+    /// Whether the client went away: the response future was dropped, and
+    /// the attempt goes on on a task of its own.
+    pub(crate) fn client_gone(&self) -> bool {
+        self.0.load(Ordering::Acquire) & GONE != 0
     }
 }

@@ -68,7 +68,7 @@ where
 
 /// One request through the layer: read the request, resolve its caller and
 /// key, claim the key, call the service, settle its outcome (ARCHITECTURE.md,
-/// "Bird's-eye view"). Once the key is claimed, the rest cannot be cancelled
+/// "Bird's-eye view"). Once the claim is sent, the rest cannot be cancelled
 /// (ARCHITECTURE.md, "Records"): `claimed` says so to the
 /// [`ResponseFuture`] this runs in. A step that answers the request itself ends the path
 /// there, with the layer's own [`Answer`](super::answer::Answer).
@@ -117,17 +117,28 @@ where
         Err(answer) => return Ok(answer.respond(&settings, &label)),
     };
 
-    // Claim it: the key is ours, or a duplicate is answered.
-    let held = match claim::claim(&settings, target, &label).await {
+    // Claim it: the key is ours, or a duplicate is answered. From here the
+    // attempt is not cut off with its client: a claim already sent may land
+    // in the store after the client has gone, and would then hold the key
+    // until its lease ran out.
+    claimed.set();
+    let held = match claim::claim(&settings, target, &label, &claimed).await {
         Ok(held) => held,
         Err(answer) => return Ok(answer.respond(&settings, &label)),
     };
+    if claimed.client_gone() {
+        // Nobody waits for a response: the key goes free at once, and the
+        // service is not called. (The response below is read by no one.)
+        metrics::request(Handled::Released, &label);
+        held.abort("the client went away before the service was called")
+            .await;
+        return Ok(Response::new(ResponseBody::full(Bytes::new())));
+    }
 
     // Call the service and settle its outcome, whether or not the client
     // waits for it: a handler that has started runs to its end even if the
     // client goes (its effect may be half made), and its outcome is settled
     // either way.
-    claimed.set();
     call_and_settle(settings, held, inner, parts, body, label).await
 }
 
