@@ -41,7 +41,9 @@ pub(crate) enum Handled {
     /// A safe method (GET, HEAD, OPTIONS, TRACE): passed through.
     SafeMethod,
     /// Refused before the handler ran (a resolver's or an extractor's
-    /// rejection): answered as it was, nothing kept.
+    /// rejection): answered as it was, nothing kept. Also a request whose
+    /// client went away while its claim was on its way: the claim let go,
+    /// the handler not called.
     NotRun,
     /// Ran, and its claim was released (not final, error, panic) or rolled
     /// back.

@@ -129,7 +129,7 @@ where
     if claimed.client_gone() {
         // Nobody waits for a response: the key goes free at once, and the
         // service is not called. (The response below is read by no one.)
-        metrics::request(Handled::Released, &label);
+        metrics::request(Handled::NotRun, &label);
         held.abort("the client went away before the service was called")
             .await;
         return Ok(Response::new(ResponseBody::full(Bytes::new())));
