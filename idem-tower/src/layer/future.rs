@@ -24,20 +24,20 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 pub struct ResponseFuture<T: Send + 'static> {
     /// `None` while it is being polled, and once it is done.
     inner: Option<BoxFuture<T>>,
-    claimed: MustFinish,
+    flags: MustFinish,
 }
 
 impl<T: Send + 'static> ResponseFuture<T> {
-    /// Boxes the attempt `attempt` makes of the flag it sets before it
-    /// claims its key.
+    /// Boxes the attempt that `attempt` builds around its [`MustFinish`],
+    /// which it sets as it sends its claim.
     pub(crate) fn new<F>(attempt: impl FnOnce(MustFinish) -> F) -> Self
     where
         F: Future<Output = T> + Send + 'static,
     {
-        let claimed = MustFinish(Arc::new(AtomicU8::new(0)));
+        let flags = MustFinish(Arc::new(AtomicU8::new(0)));
         Self {
-            inner: Some(Box::pin(attempt(claimed.clone()))),
-            claimed,
+            inner: Some(Box::pin(attempt(flags.clone()))),
+            flags,
         }
     }
 }
@@ -64,7 +64,7 @@ impl<T: Send + 'static> Drop for ResponseFuture<T> {
         let Some(attempt) = self.inner.take() else {
             return;
         };
-        if self.claimed.0.fetch_or(GONE, Ordering::AcqRel) & MUST_FINISH == 0 {
+        if self.flags.0.fetch_or(GONE, Ordering::AcqRel) & MUST_FINISH == 0 {
             return;
         }
         match tokio::runtime::Handle::try_current() {

@@ -62,21 +62,21 @@ where
             key = tracing::field::Empty
         );
         let settings = self.settings.clone();
-        ResponseFuture::new(|claimed| through(settings, ready, request, claimed).instrument(span))
+        ResponseFuture::new(|attempt| through(settings, ready, request, attempt).instrument(span))
     }
 }
 
 /// One request through the layer: read the request, resolve its caller and
 /// key, claim the key, call the service, settle its outcome (ARCHITECTURE.md,
 /// "Bird's-eye view"). Once the claim is sent, the rest cannot be cancelled
-/// (ARCHITECTURE.md, "Records"): `claimed` says so to the
+/// (ARCHITECTURE.md, "Records"): `attempt` says so to the
 /// [`ResponseFuture`] this runs in. A step that answers the request itself ends the path
 /// there, with the layer's own [`Answer`](super::answer::Answer).
 async fn through<S, ReqBody, ResBody>(
     settings: Settings,
     mut inner: S,
     request: Request<ReqBody>,
-    claimed: MustFinish,
+    attempt: MustFinish,
 ) -> Reply<ResBody, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
@@ -121,12 +121,12 @@ where
     // attempt is not cut off with its client: a claim already sent may land
     // in the store after the client has gone, and would then hold the key
     // until its lease ran out.
-    claimed.set();
-    let held = match claim::claim(&settings, target, &label, &claimed).await {
+    attempt.set();
+    let held = match claim::claim(&settings, target, &label, &attempt).await {
         Ok(held) => held,
         Err(answer) => return Ok(answer.respond(&settings, &label)),
     };
-    if claimed.client_gone() {
+    if attempt.client_gone() {
         // Nobody waits for a response: the key goes free at once, and the
         // service is not called. (The response below is read by no one.)
         metrics::request(Handled::NotRun, &label);
