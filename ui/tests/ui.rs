@@ -1,16 +1,13 @@
 //! Compile-time behaviour of `#[idempotent]`: what compiles, and the error
 //! each mistake gets. Regenerate the snapshots with `TRYBUILD=overwrite`
 //! and read every changed `.stderr` before committing it.
-#![cfg(feature = "macros")]
 
 #[test]
 fn ui() {
     let cases = trybuild::TestCases::new();
     cases.pass("tests/ui/pass/*.rs");
     cases.compile_fail("tests/ui/fail/*.rs");
-    // `Tx` exists with a SQL store's feature.
-    if cfg!(feature = "sqlite") {
-        cases.pass("tests/ui/sqlite/pass/*.rs");
-        cases.compile_fail("tests/ui/sqlite/fail/*.rs");
-    }
+    // `Tx`, on the SQLite store.
+    cases.pass("tests/ui/sqlite/pass/*.rs");
+    cases.compile_fail("tests/ui/sqlite/fail/*.rs");
 }
