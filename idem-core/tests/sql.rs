@@ -52,13 +52,17 @@ async fn mysql() -> Option<MySqlStore> {
     Some(store)
 }
 
-async fn sqlite() -> Option<SqliteStore> {
-    let path = std::env::temp_dir().join(format!("idem-test-{:016x}.db", rand_u64()));
-    let options = SqliteConnectOptions::new()
+/// A fresh SQLite file in the temp directory, named after `name`, in WAL.
+fn sqlite_file(name: &str) -> SqliteConnectOptions {
+    let path = std::env::temp_dir().join(format!("idem-test-{name}{:016x}.db", rand_u64()));
+    SqliteConnectOptions::new()
         .filename(&path)
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
-        .busy_timeout(LOCK_TIMEOUT);
+}
+
+async fn sqlite() -> Option<SqliteStore> {
+    let options = sqlite_file("").busy_timeout(LOCK_TIMEOUT);
     let pool = SqlitePoolOptions::new()
         .max_connections(8)
         .connect_with(options)
@@ -162,12 +166,7 @@ async fn sqlite_writes_of_one_store_take_turns_instead_of_failing_busy() {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     const REQUESTS: usize = 48;
-    let path = std::env::temp_dir().join(format!("idem-test-turns-{:016x}.db", rand_u64()));
-    let options = SqliteConnectOptions::new()
-        .filename(&path)
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .busy_timeout(Duration::ZERO);
+    let options = sqlite_file("turns-").busy_timeout(Duration::ZERO);
     let pool = SqlitePoolOptions::new()
         .max_connections(8)
         .connect_with(options)
@@ -265,11 +264,8 @@ async fn sqlite_transactional_claims_waiting_for_their_turn_leave_half_the_pool(
 
     const POOL: u32 = 4;
     const QUEUED: usize = 5;
-    let path = std::env::temp_dir().join(format!("idem-test-queued-{:016x}.db", rand_u64()));
-    let options = SqliteConnectOptions::new()
-        .filename(&path)
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal);
+    let options = sqlite_file("queued-");
+    let path = options.get_filename().to_owned();
     let pool = SqlitePoolOptions::new()
         .max_connections(POOL)
         .acquire_timeout(Duration::from_secs(1))

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
+use axum::response::Response;
 use axum::routing::post;
 use http::{Request, StatusCode};
 use idem_tests::Backend;
@@ -28,6 +29,18 @@ fn order(key: &str) -> Request<Body> {
         .header("idempotency-key", key)
         .body(Body::from(r#"{"amount_cents":500}"#))
         .expect("a valid request")
+}
+
+async fn send(app: &Router, key: &str) -> Response {
+    app.clone().oneshot(order(key)).await.expect("infallible")
+}
+
+async fn pool_of(connections: u32, url: &str) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(connections)
+        .connect(url)
+        .await
+        .expect("PostgreSQL")
 }
 
 /// Statements of other sessions waiting for a lock on `table`.
@@ -51,16 +64,8 @@ async fn a_client_gone_while_its_claim_waits_in_postgres_leaves_the_key_free() {
     // The store's pool holds one connection, whose statements are prepared
     // by a first request: the claim that waits below is executing, not
     // being prepared. The test's own statements go through another pool.
-    let store_pool = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&url)
-        .await
-        .expect("PostgreSQL");
-    let pool = PgPoolOptions::new()
-        .max_connections(2)
-        .connect(&url)
-        .await
-        .expect("PostgreSQL");
+    let store_pool = pool_of(1, &url).await;
+    let pool = pool_of(2, &url).await;
     let table = format!("idem_abandoned_{}", idem_tests::nonce());
     let store = PgStore::builder(store_pool)
         .table(&table)
@@ -83,11 +88,7 @@ async fn a_client_gone_while_its_claim_waits_in_postgres_leaves_the_key_free() {
             }),
         )
         .layer(Idempotency::builder(store).lease(LEASE).build().layer());
-    let warm = app
-        .clone()
-        .oneshot(order("k-warm"))
-        .await
-        .expect("infallible");
+    let warm = send(&app, "k-warm").await;
     assert_eq!(warm.status(), StatusCode::CREATED);
 
     // The records' table locked: the claim's statement waits in PostgreSQL.
@@ -98,11 +99,7 @@ async fn a_client_gone_while_its_claim_waits_in_postgres_leaves_the_key_free() {
     .execute(&mut *lock)
     .await
     .expect("lock the table");
-    let cut_off = tokio::time::timeout(
-        Duration::from_millis(500),
-        app.clone().oneshot(order("k-abandoned")),
-    )
-    .await;
+    let cut_off = tokio::time::timeout(Duration::from_millis(500), send(&app, "k-abandoned")).await;
     assert!(cut_off.is_err(), "answered while its claim could not run");
     assert_eq!(
         waiting_on(&pool, &table).await,
@@ -111,32 +108,10 @@ async fn a_client_gone_while_its_claim_waits_in_postgres_leaves_the_key_free() {
     );
     // The claim now runs, for a client that is no longer there.
     lock.commit().await.expect("unlock");
-    for _ in 0..5 {
-        let rows: Vec<(String, String)> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT state::text, expires_at::text FROM {table}"
-        )))
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-        eprintln!(
-            "DEBUG rows {rows:?} waiting {}",
-            waiting_on(&pool, &table).await
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 
     let started = Instant::now();
     let retry = loop {
-        let response = app
-            .clone()
-            .oneshot(order("k-abandoned"))
-            .await
-            .expect("infallible");
-        eprintln!(
-            "DEBUG retry {:?} at {:?}",
-            response.status(),
-            started.elapsed()
-        );
+        let response = send(&app, "k-abandoned").await;
         if response.status() != StatusCode::CONFLICT {
             break response;
         }
@@ -155,11 +130,7 @@ async fn a_client_gone_while_its_claim_waits_in_postgres_leaves_the_key_free() {
     );
 
     // One record: the retry's, completed and replayed from here on.
-    let replay = app
-        .clone()
-        .oneshot(order("k-abandoned"))
-        .await
-        .expect("infallible");
+    let replay = send(&app, "k-abandoned").await;
     assert_eq!(replay.status(), StatusCode::CREATED);
     assert!(replay.headers().get("idempotent-replayed").is_some());
     assert_eq!(runs.load(Ordering::SeqCst), 2);

@@ -5,6 +5,8 @@
 //! closed with 503, one that cannot complete blocks duplicates.
 
 use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -12,7 +14,7 @@ use futures_util::{FutureExt, StreamExt};
 use http::{Request, Response, StatusCode};
 use idem_core::{Claim, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
 use idem_tower::store::IdempotencyStore;
-use idem_tower::{Idempotency, MemoryStore};
+use idem_tower::{Idempotency, InFlightPolicy, MemoryStore};
 use tower::{Layer, ServiceExt, service_fn};
 
 use crate::fixtures::{ORDER, counting, created, json, order_body};
@@ -256,6 +258,101 @@ async fn a_client_gone_before_the_claim_leaves_nothing_behind() {
     assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
     assert!(!retry.replayed());
     assert_eq!(calls.get(), 1);
+}
+
+/// A duplicate waiting for the first attempt (`InFlightPolicy::Wait`) whose
+/// client goes away stops trying the store: its attempt goes on on a task
+/// (its claim may already be on its way), but waits no longer for a
+/// client that is not there. The store's claims are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_duplicate_whose_client_left_stops_trying_the_store() {
+    let calls = Calls::default();
+    let inner = counting(&calls, |n, _| async move {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        created(n)
+    });
+    let store = CountsClaims::default();
+    let claims = store.claims.clone();
+    let service = Idempotency::builder(store)
+        .in_flight(InFlightPolicy::Wait(Duration::from_secs(5)))
+        .build()
+        .layer()
+        .layer(inner);
+
+    let first = tokio::spawn({
+        let service = service.clone();
+        async move { send(&service, post("/orders", Some("k-left"), ORDER)).await }
+    });
+    calls.wait_for(1).await;
+    let cut_off = tokio::time::timeout(
+        Duration::from_millis(100),
+        send(&service, post("/orders", Some("k-left"), ORDER)),
+    )
+    .await;
+    assert!(
+        cut_off.is_err(),
+        "the duplicate was answered while it waited"
+    );
+    // Past the try the duplicate had begun when its client left.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let settled = claims.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        claims.load(Ordering::SeqCst),
+        settled,
+        "the duplicate kept trying the store after its client left"
+    );
+
+    let first = first.await.expect("no panic");
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(calls.get(), 1);
+}
+
+/// A memory store that counts the claims it is asked for.
+#[derive(Default)]
+struct CountsClaims {
+    store: MemoryStore,
+    claims: Arc<AtomicUsize>,
+}
+
+impl IdempotencyStore for CountsClaims {
+    async fn claim(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+        owner: OwnerToken,
+    ) -> Result<Claim, idem_core::Error> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        self.store.claim(key, fingerprint, lease, owner).await
+    }
+
+    async fn complete(
+        &self,
+        key: &IdempotencyKey,
+        owner: &OwnerToken,
+        outcome: &Outcome,
+        retention: Duration,
+    ) -> Result<(), idem_core::Error> {
+        self.store.complete(key, owner, outcome, retention).await
+    }
+
+    async fn release(
+        &self,
+        key: &IdempotencyKey,
+        owner: &OwnerToken,
+    ) -> Result<(), idem_core::Error> {
+        self.store.release(key, owner).await
+    }
+
+    async fn renew(
+        &self,
+        key: &IdempotencyKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<(), idem_core::Error> {
+        self.store.renew(key, owner, lease).await
+    }
 }
 
 /// Sends `request()` until the answer is not 409 in flight, for `within` at
