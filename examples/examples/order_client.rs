@@ -1,6 +1,6 @@
-//! The caller's half: orders placed through `IdempotentClientLayer` on
+//! The caller's half: orders placed through `IdempotencyClientLayer` on
 //! hyper-util's client, against the orders app (chaos on) served in process
-//! on loopback. Each attempt and each final `Delivery` is printed.
+//! on loopback. Each attempt and each final `RetryReport` is printed.
 //!
 //! ```text
 //! cargo run -p idem-examples --example order_client
@@ -23,7 +23,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use idem_examples::orders::App;
-use idem_tower::client::{Delivery, IdempotentClientLayer, RetryPolicy};
+use idem_tower::client::{IdempotencyClientLayer, RetryPolicy, RetryReport};
 use tower::{ServiceBuilder, ServiceExt, service_fn};
 
 #[tokio::main]
@@ -62,7 +62,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         })
     };
     let client = ServiceBuilder::new()
-        .layer(IdempotentClientLayer::new(
+        .layer(IdempotencyClientLayer::new(
             RetryPolicy::default()
                 .attempt_timeout(Duration::from_secs(5))
                 .backoff(Duration::from_millis(50), Duration::from_millis(500)),
@@ -91,7 +91,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let status = response.status();
         let delivery = response
             .extensions()
-            .get::<Delivery>()
+            .get::<RetryReport>()
             .cloned()
             .expect("the layer sets it");
         let body = response.into_body().collect().await?.to_bytes();

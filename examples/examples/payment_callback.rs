@@ -63,7 +63,7 @@ impl FromRef<AppState> for Idempotency {
     key = "pay-callback:{path:payment_no}",
     shared_across_callers,
     transactional,
-    retention = "1s"
+    ttl = "1s"
 )]
 async fn payment_callback(
     State(state): State<AppState>,

@@ -23,7 +23,7 @@ static CHARGES: AtomicU64 = AtomicU64::new(0);
 /// Charges a card once per `Idempotency-Key`, however often the client
 /// sends the request. Duplicates are answered from the stored response for
 /// 24 hours, without running this function.
-#[idempotent(key = "charge:{header:idempotency-key}", retention = "24h")]
+#[idempotent(key = "charge:{header:idempotency-key}", ttl = "24h")]
 async fn create_charge(Json(request): Json<Value>) -> (StatusCode, Json<Value>) {
     let n = CHARGES.fetch_add(1, Ordering::SeqCst) + 1;
     let charged =

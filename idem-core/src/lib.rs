@@ -32,15 +32,26 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
 //! ```
 //!
+//! # Writing a store
+//!
+//! Everything a store author needs is at this crate's root, one path each:
+//! the contract every backend implements ([`IdempotencyStore`]), its
+//! type-erased form ([`DynStore`]), transactional mode
+//! ([`TransactionalStore`]), and the values they exchange ([`Claim`],
+//! [`Outcome`], [`OwnerToken`], [`Record`]). A store is a small async trait:
+//! four atomic steps of the record state machine (see [`Record`]), each a
+//! compare-and-set against the store's own clock. `conformance` (feature
+//! `test-util`) is the suite every backend must pass.
+//!
 //! [idem]: https://docs.rs/idem-tower
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod error;
 mod fingerprint;
 mod key;
-pub mod record;
+mod record;
 mod response;
-pub mod store;
+mod store;
 
 #[cfg(feature = "memory")]
 #[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
@@ -92,4 +103,6 @@ pub use key::{
 pub use memory::{DEFAULT_MAX_BYTES, MemoryStore};
 pub use record::{Claim, DecodeError, Duplicate, Outcome, OwnerToken, Record};
 pub use response::StoredResponse;
-pub use store::IdempotencyStore;
+pub use store::{
+    BoxFuture, DynStore, IdempotencyStore, OpenTransaction, TransactionalStore, TxClaim, TxHandle,
+};

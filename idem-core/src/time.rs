@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 /// `d` in whole milliseconds, at least 1 and at most `i64::MAX`: how a
-/// lease, a retention or a TTL is sent (a database interval, Redis's `PX`
+/// lease or a ttl is sent (a database interval, Redis's `PX`
 /// and `PEXPIRE`), so none is ever 0, which would mean "already expired".
 pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX).max(1)

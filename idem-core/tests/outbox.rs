@@ -21,12 +21,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem_core::BoxError;
+use idem_core::BoxFuture;
 use idem_core::conformance::sql::TestSql;
 use idem_core::guards::{
     Enqueued, Event, GuardDb, Outbox, PendingEvent, Published, Publisher, Relay,
 };
 use idem_core::sql::sqlx::Pool;
-use idem_core::store::BoxFuture;
 use metrics_exporter_prometheus::PrometheusBuilder;
 
 #[macro_use]

@@ -462,7 +462,7 @@ async fn the_store_conformance_suite_passes_on_it() {
         suite::in_flight_reports_lease_left(store.clone()),
         suite::expired_lease_is_taken_over(store.clone()),
         suite::stale_owner_cannot_complete_or_release(store.clone()),
-        suite::retention_expiry_frees_the_key(store.clone()),
+        suite::ttl_expiry_frees_the_key(store.clone()),
         suite::renew_keeps_a_claim_past_its_lease(store.clone()),
         suite::stale_owner_cannot_renew(store.clone()),
         suite::renew_of_a_finished_or_foreign_claim_is_lease_lost(store.clone()),

@@ -109,8 +109,8 @@ mod sqlite {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_claims_leave_the_pooled_lock_wait_as_configured() {
     use idem_core::Duplicate;
-    use idem_core::store::{TransactionalStore, TxClaim};
     use idem_core::{Fingerprint, IdempotencyKey, OwnerToken};
+    use idem_core::{TransactionalStore, TxClaim};
 
     let Some(first) = mysql().await else { return };
     let url = mysql_url();
@@ -160,8 +160,8 @@ async fn mysql_claims_leave_the_pooled_lock_wait_as_configured() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_writes_of_one_store_take_turns_instead_of_failing_busy() {
     use idem_core::sql::sqlx::{self, Sqlite};
-    use idem_core::store::{IdempotencyStore, TransactionalStore, TxClaim};
     use idem_core::{Claim, Fingerprint, IdempotencyKey, OwnerToken};
+    use idem_core::{IdempotencyStore, TransactionalStore, TxClaim};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -205,10 +205,10 @@ async fn sqlite_writes_of_one_store_take_turns_instead_of_failing_busy() {
                 };
                 {
                     let handle = tx.handle();
-                    let mut lease = handle.slot::<Sqlite>().unwrap().lease().await;
+                    let mut guard = handle.slot::<Sqlite>().unwrap().lock().await;
                     sqlx::query("INSERT INTO effects (k) VALUES (?1)")
                         .bind(format!("tx-{n}"))
-                        .execute(&mut **lease.as_mut().unwrap())
+                        .execute(&mut **guard.as_mut().unwrap())
                         .await
                         .expect("the effect, in the claim's transaction");
                 }
@@ -259,8 +259,8 @@ async fn sqlite_writes_of_one_store_take_turns_instead_of_failing_busy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_transactional_claims_waiting_for_their_turn_leave_half_the_pool() {
     use idem_core::sql::sqlx;
-    use idem_core::store::{TransactionalStore, TxClaim};
     use idem_core::{Fingerprint, IdempotencyKey, OwnerToken};
+    use idem_core::{TransactionalStore, TxClaim};
 
     const POOL: u32 = 4;
     const QUEUED: usize = 5;
@@ -344,8 +344,8 @@ async fn sqlite_transactional_claims_waiting_for_their_turn_leave_half_the_pool(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_transactional_claims_write_their_record_at_commit() {
     use idem_core::sql::sqlx::{self, Postgres};
-    use idem_core::store::{IdempotencyStore, OpenTransaction, TransactionalStore, TxClaim};
     use idem_core::{Claim, Duplicate, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
+    use idem_core::{IdempotencyStore, OpenTransaction, TransactionalStore, TxClaim};
     use idem_core::{StoredResponse, conformance::postgres_url};
 
     let Some(store) = postgres().await else {
@@ -389,10 +389,10 @@ async fn postgres_transactional_claims_write_their_record_at_commit() {
     let write = |tx: &dyn OpenTransaction, effect: String| {
         let handle = tx.handle();
         async move {
-            let mut lease = handle.slot::<Postgres>().unwrap().lease().await;
+            let mut guard = handle.slot::<Postgres>().unwrap().lock().await;
             sqlx::query("INSERT INTO idem_test_pg_effects (k) VALUES ($1)")
                 .bind(effect)
-                .execute(&mut **lease.as_mut().unwrap())
+                .execute(&mut **guard.as_mut().unwrap())
                 .await
                 .expect("the effect, in the claim's transaction");
         }
@@ -431,11 +431,11 @@ async fn postgres_transactional_claims_write_their_record_at_commit() {
     {
         // Seen from inside the transaction itself.
         let handle = tx.handle();
-        let mut lease = handle.slot::<Postgres>().unwrap().lease().await;
+        let mut guard = handle.slot::<Postgres>().unwrap().lock().await;
         let inside: i64 =
             sqlx::query_scalar("SELECT COUNT(*) FROM idem_records WHERE idem_key = $1")
                 .bind(first.as_str())
-                .fetch_one(&mut **lease.as_mut().unwrap())
+                .fetch_one(&mut **guard.as_mut().unwrap())
                 .await
                 .unwrap();
         assert_eq!(inside, 0, "nothing written before the commit");

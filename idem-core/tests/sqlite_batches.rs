@@ -14,10 +14,10 @@ use std::time::Duration;
 use idem_core::sql::SqliteStore;
 use idem_core::sql::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use idem_core::sql::sqlx::{self, SqlitePool};
-use idem_core::store::{IdempotencyStore, OpenTransaction, TransactionalStore, TxClaim};
 use idem_core::{
     Claim, Error, ErrorKind, Fingerprint, IdempotencyKey, Outcome, OwnerToken, StoredResponse,
 };
+use idem_core::{IdempotencyStore, OpenTransaction, TransactionalStore, TxClaim};
 use tokio::task::JoinSet;
 
 const LEASE: Duration = Duration::from_secs(30);

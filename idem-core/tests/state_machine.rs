@@ -1,19 +1,19 @@
 //! Property tests of the record state machine (ARCHITECTURE.md, "Records") against
 //! real stores: random interleavings of claim, complete, release, concurrent
-//! claim races and lease / retention expiry, across several owners and keys,
+//! claim races and lease / ttl expiry, across several owners and keys,
 //! each step checked against a reference model. The properties:
 //!
 //! - **one owner**: no key is ever acquired while another owner's lease on it
 //!   may still run (and a race of concurrent claims has at most one winner);
 //! - **no lost response**: a completed key replays exactly its outcome to
-//!   every claim with its fingerprint until its retention may have run out;
+//!   every claim with its fingerprint until its ttl may have run out;
 //! - **no stale write**: an owner whose lease was taken over, or that already
 //!   completed or released, gets `LeaseLost` from `complete` and `release`,
 //!   and the record is unchanged afterwards.
 //!
 //! Time is real: stores judge expiry by their own clocks, which a test cannot
 //! stop. So the model never assumes how long anything took. It times every
-//! store call and keeps, for each lease and retention, the window in which
+//! store call and keeps, for each lease and ttl, the window in which
 //! the store must have set its deadline. At a later call a deadline is
 //! certainly running, certainly over, or (if it falls within the call, give
 //! or take [`SLACK`]) either, and then the store's answer settles which. A
@@ -42,9 +42,9 @@ use idem_core::{
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
-/// A lease or retention that the [`Op::Wait`] step outlasts.
+/// A lease or ttl that the [`Op::Wait`] step outlasts.
 const SHORT: Duration = Duration::from_millis(50);
-/// A lease or retention no test case outlives.
+/// A lease or ttl no test case outlives.
 const LONG: Duration = Duration::from_secs(300);
 /// How long [`Op::Wait`] sleeps: past [`SHORT`] with room to spare.
 const WAIT: Duration = Duration::from_millis(90);
@@ -53,7 +53,7 @@ const WAIT: Duration = Duration::from_millis(90);
 /// this process's).
 const SLACK: Duration = Duration::from_millis(15);
 
-/// A lease or retention, as a test step asks for it.
+/// A lease or ttl, as a test step asks for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Span {
     Short,
@@ -85,7 +85,7 @@ enum Op {
         owner: usize,
         key: usize,
         replayable: bool,
-        retention: Span,
+        ttl: Span,
     },
     /// `owner` releases `key` with the last token it acquired for it.
     Release { owner: usize, key: usize },
@@ -108,11 +108,11 @@ fn ops(owners: usize, keys: usize, max_len: usize) -> impl Strategy<Value = Vec<
         6 => (owner.clone(), key.clone(), fp.clone(), span.clone())
             .prop_map(|(owner, key, fp, lease)| Op::Claim { owner, key, fp, lease }),
         4 => (owner.clone(), key.clone(), any::<bool>(), span)
-            .prop_map(|(owner, key, replayable, retention)| Op::Complete {
+            .prop_map(|(owner, key, replayable, ttl)| Op::Complete {
                 owner,
                 key,
                 replayable,
-                retention,
+                ttl,
             }),
         3 => (owner.clone(), key.clone()).prop_map(|(owner, key)| Op::Release { owner, key }),
         1 => (key, proptest::collection::vec((owner, fp), 2..=owners)).prop_map(
@@ -182,7 +182,7 @@ enum State {
     Completed {
         fp: u8,
         outcome: Outcome,
-        retention: Deadline,
+        ttl: Deadline,
     },
 }
 
@@ -190,7 +190,7 @@ impl State {
     fn deadline(&self) -> &Deadline {
         match self {
             Self::InFlight { lease, .. } => lease,
-            Self::Completed { retention, .. } => retention,
+            Self::Completed { ttl, .. } => ttl,
         }
     }
 
@@ -206,10 +206,9 @@ impl State {
             (Self::InFlight { owner, .. }, Claim::Acquired(_)) => Err(format!(
                 "ONE OWNER violated: acquired while owner {owner}'s lease still runs"
             )),
-            (Self::Completed { .. }, Claim::Acquired(_)) => Err(
-                "NO LOST RESPONSE violated: a completed key was acquired within its retention"
-                    .into(),
-            ),
+            (Self::Completed { .. }, Claim::Acquired(_)) => {
+                Err("NO LOST RESPONSE violated: a completed key was acquired within its ttl".into())
+            }
             (_, Claim::Mismatch) if self.fp() != fp => Ok(()),
             (_, _) if self.fp() != fp => Err("another request's key must be a mismatch".into()),
             (Self::InFlight { lease, .. }, Claim::InFlight { retry_after }) => {
@@ -222,11 +221,11 @@ impl State {
             (Self::Completed { outcome, .. }, Claim::Replay(replayed)) if replayed == outcome => {
                 Ok(())
             }
-            (Self::Completed { .. }, _) => Err(
-                "NO LOST RESPONSE violated: a completed key within its retention \
+            (Self::Completed { .. }, _) => {
+                Err("NO LOST RESPONSE violated: a completed key within its ttl \
                  must replay its own outcome"
-                    .into(),
-            ),
+                    .into())
+            }
             (Self::InFlight { .. }, _) => Err("an in-flight key must answer in flight".into()),
         }
     }
@@ -261,7 +260,7 @@ impl KeyModel {
 struct Seen {
     /// A key acquired over another owner's expired lease.
     takeovers: u32,
-    /// A key acquired again after its retention ran out.
+    /// A key acquired again after its ttl ran out.
     reacquired: u32,
     /// A completed outcome replayed.
     replays: u32,
@@ -362,10 +361,10 @@ impl<'s, S: IdempotencyStore> Model<'s, S> {
                 owner,
                 key,
                 replayable,
-                retention,
+                ttl,
             } => {
                 let outcome = self.outcome(owner, replayable);
-                self.finish(owner, key, Some((outcome, retention.duration())))
+                self.finish(owner, key, Some((outcome, ttl.duration())))
                     .await
             }
             Op::Release { owner, key } => self.finish(owner, key, None).await,
@@ -426,7 +425,7 @@ impl<'s, S: IdempotencyStore> Model<'s, S> {
         Ok(())
     }
 
-    /// Completes (with `outcome` kept for its retention) or releases.
+    /// Completes (with `outcome` kept for its ttl) or releases.
     async fn finish(
         &mut self,
         owner: usize,
@@ -440,9 +439,7 @@ impl<'s, S: IdempotencyStore> Model<'s, S> {
             .unwrap_or_else(OwnerToken::generate);
         let (key, _) = &self.keys[k];
         let (result, call) = match &complete {
-            Some((outcome, retention)) => {
-                timed(self.store.complete(key, &token, outcome, *retention)).await
-            }
+            Some((outcome, ttl)) => timed(self.store.complete(key, &token, outcome, *ttl)).await,
             None => timed(self.store.release(key, &token)).await,
         };
         let verb = if complete.is_some() {
@@ -457,10 +454,10 @@ impl<'s, S: IdempotencyStore> Model<'s, S> {
         match (holds, passed, result) {
             (true, _, Ok(())) => {
                 let fp = model.state.as_ref().map(State::fp).unwrap_or_default();
-                model.set(complete.map(|(outcome, retention)| State::Completed {
+                model.set(complete.map(|(outcome, ttl)| State::Completed {
                     fp,
                     outcome,
-                    retention: Deadline::after(call, retention),
+                    ttl: Deadline::after(call, ttl),
                 }));
             }
             (true, Passed::No, Err(err)) => {

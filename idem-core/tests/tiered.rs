@@ -207,7 +207,7 @@ async fn a_redis_outage_degrades_to_sql_and_recovers_without_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_orphaned_gate_claim_does_not_block_the_transactional_retry() {
     use idem_core::Duplicate;
-    use idem_core::store::{TransactionalStore, TxClaim};
+    use idem_core::{TransactionalStore, TxClaim};
 
     let Some(store) = tiered().await else { return };
     let Some(elsewhere) = tiered().await else {
@@ -272,7 +272,7 @@ async fn an_orphaned_gate_claim_does_not_block_the_transactional_retry() {
 /// lose is counted (`sql_catches_what_redis_lost_and_rewarms_the_gate`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_copy_overtaken_on_its_way_to_sql_is_not_counted_as_caught() {
-    use idem_core::store::{TransactionalStore, TxClaim};
+    use idem_core::{TransactionalStore, TxClaim};
 
     let Some(store) = tiered().await else { return };
     let Some(truth) = truth().await else { return };

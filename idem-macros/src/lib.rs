@@ -29,8 +29,10 @@ use proc_macro::TokenStream;
 ///   `{user}` need the matching resolver on the handle: without it, requests
 ///   to the handler get a 500 `urn:idem:problem:misconfigured` problem (and
 ///   an error log) and the function does not run.
-/// - `retention = "24h"`: how long a completed response is replayed
-///   (`IdempotencyLayer::retention`); the handle's retention (24 h) if unset.
+/// - `ttl = "24h"` or `ttl = 86400` (whole seconds): how long a completed
+///   response is kept and replayed to duplicates (`IdempotencyLayer::ttl`),
+///   longer than zero and at most a year; the handle's ttl (24 h) if unset.
+///   After it, the key is free again.
 /// - `lease = "30s"`: how long a first attempt holds its key before a
 ///   duplicate may take it over (`IdempotencyLayer::lease`). The layer
 ///   renews it while the function runs, so it bounds how long a crashed
@@ -73,9 +75,10 @@ use proc_macro::TokenStream;
 ///   payment platform's callback keyed by payment number, whose retries may
 ///   come without the credentials of the first.
 ///
-/// Durations are written with a unit: `"30s"`, `"10m"`, `"24h"`, `"7days"`,
-/// `"1h 30m"`. The flags `transactional` and `shared_across_callers` may
-/// also be written `= true` or `= false`.
+/// Durations are strings with a unit, `"30s"`, `"10m"`, `"24h"`, `"7days"`,
+/// `"1h 30m"`, or integers of whole seconds (`ttl` and `lease` only). The
+/// flags `transactional` and `shared_across_callers` may also be written
+/// `= true` or `= false`.
 ///
 /// # What is stored
 ///
@@ -91,8 +94,9 @@ use proc_macro::TokenStream;
 ///
 /// Each of these is an error on the token to fix, saying what to write
 /// instead: an unknown or repeated argument, a missing `key`, a duration
-/// that does not parse, a template with a syntax error, an unknown
-/// placeholder or no per-request placeholder (a constant key such as
+/// that does not parse, is zero or negative, a `ttl` over a year, a
+/// template with a syntax error, an unknown placeholder or no per-request
+/// placeholder (a constant key such as
 /// `"idempotent:pay"` would make every user share one key), `{body:...}` in
 /// the key with `fingerprint = "method_and_route"`; a function that is not `async`, is generic, or is a
 /// method taking `self`; an extractor that reads the request body (`Json`,
@@ -156,7 +160,7 @@ use proc_macro::TokenStream;
 /// }
 ///
 /// /// Creates an order, once per `Idempotency-Key` and caller.
-/// #[idempotent(key = "order-create:{header:idempotency-key}", retention = "24h")]
+/// #[idempotent(key = "order-create:{header:idempotency-key}", ttl = "24h")]
 /// async fn create_order(State(_state): State<AppState>, Json(order): Json<Value>) -> (StatusCode, Json<Value>) {
 ///     (StatusCode::CREATED, Json(json!({ "order": order })))
 /// }

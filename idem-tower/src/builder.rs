@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, StatusCode, header};
-use idem_core::store::DynStore;
+use idem_core::DynStore;
 
 use crate::Resolver;
 use crate::duplicated::DuplicatedKeys;
@@ -59,8 +59,9 @@ impl IdempotencyBuilder {
     /// lease while the handler runs, so a handler may run longer than this; a
     /// claim whose process died frees within about this long: 10 seconds.
     pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
-    /// The default retention of a completed response: 24 hours.
-    pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+    /// The default `ttl` of a completed response, how long it is kept and
+    /// replayed: 24 hours.
+    pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
     /// The default cap on a request body: 1 MiB.
     pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
     /// The default cap on a stored response body: 256 KiB.
@@ -91,7 +92,7 @@ impl IdempotencyBuilder {
                 tenant: None,
                 user: None,
                 lease: Self::DEFAULT_LEASE,
-                retention: Self::DEFAULT_RETENTION,
+                ttl: Self::DEFAULT_TTL,
                 max_body: Self::DEFAULT_MAX_BODY,
                 max_stored_response: Self::DEFAULT_MAX_STORED_RESPONSE,
                 key_header: HeaderName::from_static("idempotency-key"),
@@ -150,9 +151,23 @@ impl IdempotencyBuilder {
         self
     }
 
-    /// How long completed responses are replayed ([`DEFAULT_RETENTION`](Self::DEFAULT_RETENTION)).
-    pub fn retention(mut self, retention: Duration) -> Self {
-        self.config.retention = retention;
+    /// How long a completed response is kept and replayed to duplicates
+    /// ([`DEFAULT_TTL`](Self::DEFAULT_TTL), 24 h), by the store's clock. After
+    /// it the key is free again: a request with it runs as a first one.
+    ///
+    /// Not the [`lease`](Self::lease), which is how long a *running* claim
+    /// holds its key.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_tower::{Idempotency, MemoryStore};
+    ///
+    /// let idem = Idempotency::builder(MemoryStore::new())
+    ///     .ttl(Duration::from_secs(72 * 3600))
+    ///     .build();
+    /// ```
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.config.ttl = ttl;
         self
     }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, header};
-use idem_core::store::DynStore;
+use idem_core::DynStore;
 use idem_core::{Error, ErrorKind, IdempotencyStore, KeyTemplate, Placeholder};
 
 use crate::duplicated::{self, DuplicatedKey, DuplicatedKeys};
@@ -34,7 +34,7 @@ pub(crate) struct Config {
     pub(crate) tenant: Option<Resolver>,
     pub(crate) user: Option<Resolver>,
     pub(crate) lease: Duration,
-    pub(crate) retention: Duration,
+    pub(crate) ttl: Duration,
     pub(crate) max_body: usize,
     pub(crate) max_stored_response: usize,
     pub(crate) key_header: HeaderName,
@@ -58,7 +58,7 @@ pub(crate) struct Config {
 /// let idem = Idempotency::builder(MemoryStore::new())
 ///     .tenant(Resolver::header("x-tenant-id"))
 ///     .lease(Duration::from_secs(30))
-///     .retention(Duration::from_secs(24 * 3600))
+///     .ttl(Duration::from_secs(24 * 3600))
 ///     .build();
 ///
 /// // One layer per route, each with its own key template.
@@ -175,7 +175,7 @@ impl fmt::Debug for Idempotency {
             .field("tenant", &c.tenant)
             .field("user", &c.user)
             .field("lease", &c.lease)
-            .field("retention", &c.retention)
+            .field("ttl", &c.ttl)
             .field("max_body", &c.max_body)
             .field("key_header", &c.key_header)
             .field("namespace", &c.namespace)

@@ -69,7 +69,7 @@
 //! use axum::{Json, Router, http::StatusCode, routing::post};
 //! use idem_tower::{Idempotency, MemoryStore, idempotent};
 //!
-//! #[idempotent(key = "order-create:{header:idempotency-key}", retention = "24h")]
+//! #[idempotent(key = "order-create:{header:idempotency-key}", ttl = "24h")]
 //! async fn create_order(Json(order): Json<serde_json::Value>) -> (StatusCode, Json<serde_json::Value>) {
 //!     (StatusCode::CREATED, Json(order))
 //! }
@@ -166,8 +166,10 @@
 //! - `guards`: the business-side guards in `idem_tower::core::guards`
 //!   (state-machine compare-and-set, counters, one-time tokens, the inbox,
 //!   a lock), on the SQL and Redis features enabled.
+//! - `nats`: the outbox relay's NATS JetStream publisher
+//!   (`idem_tower::core::guards::JetStreamPublisher`; implies `guards`).
 //! - `test-util`: the store conformance suite.
-//! - `client`: the caller's half, `client::IdempotentClientLayer` for
+//! - `client`: the caller's half, `client::IdempotencyClientLayer` for
 //!   tower HTTP clients: one `Idempotency-Key` per logical request, retried;
 //!   `reqwest`: the same as a reqwest-middleware middleware.
 //!
@@ -228,11 +230,6 @@ pub use idem_core::{
     tiered::TieredStore,
 };
 
-/// What a store author needs: the [`IdempotencyStore`](store::IdempotencyStore)
-/// contract, its type-erased form, transactional mode and the values they
-/// exchange (re-exported from idem-core).
-pub use idem_core::store;
-
 /// The core crate, for store authors and lower-level use.
 #[doc(inline)]
 pub use idem_core as core;
@@ -245,3 +242,9 @@ pub use idem_macros::idempotent;
 #[doc(hidden)]
 #[path = "private.rs"]
 pub mod __private;
+
+/// README.md's Rust snippets, compiled and run as doc tests so that the
+/// README cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

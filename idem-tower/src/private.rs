@@ -6,7 +6,6 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::marker::PhantomData;
-use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
@@ -123,12 +122,12 @@ where
 
 /// The annotated function's future, when it is called directly: what the
 /// handler's `Deref` target returns.
-pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+pub type FnFuture<T> = idem_core::BoxFuture<'static, T>;
 
 /// The future an annotated handler returns.
-pub type HandlerFuture = Pin<Box<dyn Future<Output = Response> + Send>>;
+pub type HandlerFuture = idem_core::BoxFuture<'static, Response>;
 
-/// One annotated handler's route policy (key template, retention, lease,
+/// One annotated handler's route policy (key template, ttl, lease,
 /// ...), built on its first request by the same `layer_with_key` and
 /// builder calls a tower user writes, then shared by every later request:
 /// the template is parsed once per handler, never per request.

@@ -35,6 +35,9 @@
 /// # }
 /// ```
 ///
+/// Alone, or after a status, it is an empty response (`(StatusCode::NO_CONTENT,
+/// HandlerRan)`).
+///
 /// Any other service inserts it with
 /// `response.extensions_mut().insert(HandlerRan)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -50,5 +53,16 @@ impl axum::response::IntoResponseParts for HandlerRan {
     ) -> Result<axum::response::ResponseParts, Self::Error> {
         res.extensions_mut().insert(self);
         Ok(res)
+    }
+}
+
+/// An empty `200 OK` marked as the outcome of a handler that ran, so that
+/// `(StatusCode, HandlerRan)` is a response of its own.
+#[cfg(feature = "axum")]
+impl axum::response::IntoResponse for HandlerRan {
+    fn into_response(self) -> axum::response::Response {
+        let mut response = axum::response::Response::default();
+        response.extensions_mut().insert(self);
+        response
     }
 }

@@ -5,8 +5,8 @@ use std::ops::{Deref, DerefMut};
 use axum::extract::FromRequestParts;
 use axum::response::{IntoResponse, Response};
 use http::request::Parts;
-use idem_core::sql::{Dialect, TxLease};
-use idem_core::store::TxHandle;
+use idem_core::TxHandle;
+use idem_core::sql::{Dialect, TxGuard};
 
 use crate::Problem;
 
@@ -34,14 +34,14 @@ use crate::Problem;
 /// }
 /// ```
 pub struct Tx<DB: Dialect> {
-    lease: TxLease<DB>,
+    guard: TxGuard<DB>,
 }
 
 impl<DB: Dialect> Deref for Tx<DB> {
     type Target = DB::Connection;
 
     fn deref(&self) -> &DB::Connection {
-        self.lease
+        self.guard
             .as_ref()
             .expect("a Tx is only made from an open transaction")
     }
@@ -49,7 +49,7 @@ impl<DB: Dialect> Deref for Tx<DB> {
 
 impl<DB: Dialect> DerefMut for Tx<DB> {
     fn deref_mut(&mut self) -> &mut DB::Connection {
-        self.lease
+        self.guard
             .as_mut()
             .expect("a Tx is only made from an open transaction")
     }
@@ -89,10 +89,10 @@ impl<S: Send + Sync, DB: Dialect> FromRequestParts<S> for Tx<DB> {
             .and_then(TxHandle::slot::<DB>)
             .cloned()
             .ok_or(TxRejection)?;
-        let lease = slot.lease().await;
-        if lease.is_none() {
+        let guard = slot.lock().await;
+        if guard.is_none() {
             return Err(TxRejection);
         }
-        Ok(Self { lease })
+        Ok(Self { guard })
     }
 }

@@ -1,5 +1,5 @@
 //! The client half against the orders app over loopback HTTP: hyper-util's
-//! legacy client behind `IdempotentClientLayer`, answers lost on the way
+//! legacy client behind `IdempotencyClientLayer`, answers lost on the way
 //! back, a client timeout shorter than the handler, and attempts failed by
 //! `X-Chaos-Fail: 503`, one order per operation; the retries' metric and
 //! the attempts' spans.
@@ -16,7 +16,7 @@ use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::TokioExecutor;
 use idem_examples::orders::{App, STARTING_BALANCE_CENTS};
 use idem_tests::{Harness, prometheus};
-use idem_tower::client::{Delivery, IdempotentClientLayer, RetryPolicy};
+use idem_tower::client::{IdempotencyClientLayer, RetryPolicy, RetryReport};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use serde_json::{Value, json};
 use tower::util::ServiceFn;
@@ -115,11 +115,11 @@ async fn lost_answer_is_replayed_on_retry_with_one_order() {
         })
     };
     let client = ServiceBuilder::new()
-        .layer(IdempotentClientLayer::new(policy()))
+        .layer(IdempotencyClientLayer::new(policy()))
         .service(inner);
     let request = order(&h, &base, "alice").body(body(PRICE)).unwrap();
     let response = client.oneshot(request).await.expect("an answer");
-    let delivery = response.extensions().get::<Delivery>().cloned().unwrap();
+    let delivery = response.extensions().get::<RetryReport>().cloned().unwrap();
     assert_eq!(response.status(), StatusCode::CREATED, "{delivery:?}");
     assert!(delivery.attempts >= 2, "{delivery:?}");
     assert!(delivery.replayed, "{delivery:?}");
@@ -142,7 +142,7 @@ async fn lost_answer_is_replayed_on_retry_with_one_order() {
 async fn a_client_timeout_shorter_than_the_handler_gets_the_replay_with_one_order() {
     let (h, base) = start().await;
     let client = ServiceBuilder::new()
-        .layer(IdempotentClientLayer::new(
+        .layer(IdempotencyClientLayer::new(
             policy().attempt_timeout(Duration::from_millis(150)),
         ))
         .service(http());
@@ -151,7 +151,7 @@ async fn a_client_timeout_shorter_than_the_handler_gets_the_replay_with_one_orde
         .body(body(PRICE))
         .unwrap();
     let response = client.oneshot(request).await.expect("an answer");
-    let delivery = response.extensions().get::<Delivery>().cloned().unwrap();
+    let delivery = response.extensions().get::<RetryReport>().cloned().unwrap();
     assert_eq!(response.status(), StatusCode::CREATED, "{delivery:?}");
     assert!(delivery.attempts >= 2, "{delivery:?}");
     assert!(delivery.replayed, "{delivery:?}");
@@ -169,11 +169,11 @@ async fn chaos_503_on_first_attempts_then_success_makes_one_order() {
     let (h, base) = start().await;
     let sent = Arc::new(AtomicU32::new(0));
     let client = ServiceBuilder::new()
-        .layer(IdempotentClientLayer::new(policy()))
+        .layer(IdempotencyClientLayer::new(policy()))
         .service(failing_first(2, sent.clone()));
     let request = order(&h, &base, "bob").body(body(PRICE)).unwrap();
     let response = client.oneshot(request).await.expect("an answer");
-    let delivery = response.extensions().get::<Delivery>().cloned().unwrap();
+    let delivery = response.extensions().get::<RetryReport>().cloned().unwrap();
     assert_eq!(response.status(), StatusCode::CREATED, "{delivery:?}");
     assert_eq!(delivery.attempts, 3, "{delivery:?}");
     assert!(!delivery.replayed, "the failures stored nothing to replay");
@@ -189,7 +189,7 @@ async fn chaos_503_on_first_attempts_then_success_makes_one_order() {
 async fn same_key_with_a_different_body_is_422_at_once() {
     let (h, base) = start().await;
     let client = ServiceBuilder::new()
-        .layer(IdempotentClientLayer::new(policy()))
+        .layer(IdempotencyClientLayer::new(policy()))
         .service(http());
     // The caller's own key, one business operation, reused by mistake for
     // a different request.
@@ -199,7 +199,7 @@ async fn same_key_with_a_different_body_is_422_at_once() {
         .unwrap();
     let response = client.clone().oneshot(first).await.expect("an answer");
     assert_eq!(response.status(), StatusCode::CREATED);
-    let delivery = response.extensions().get::<Delivery>().cloned().unwrap();
+    let delivery = response.extensions().get::<RetryReport>().cloned().unwrap();
     assert_eq!(delivery.attempts, 1);
     assert_eq!(
         delivery
@@ -215,7 +215,7 @@ async fn same_key_with_a_different_body_is_422_at_once() {
         .unwrap();
     let response = client.oneshot(other).await.expect("an answer");
     assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
-    let delivery = response.extensions().get::<Delivery>().cloned().unwrap();
+    let delivery = response.extensions().get::<RetryReport>().cloned().unwrap();
     assert_eq!(delivery.attempts, 1, "a 422 is never retried");
     assert!(!delivery.replayed);
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
@@ -242,7 +242,7 @@ async fn retries_are_counted_by_cause_and_each_attempt_has_its_span() {
     let (h, base) = start().await;
     let sent = Arc::new(AtomicU32::new(0));
     let client = ServiceBuilder::new()
-        .layer(IdempotentClientLayer::new(policy()))
+        .layer(IdempotencyClientLayer::new(policy()))
         .service(failing_first(2, sent.clone()));
     let request = order(&h, &base, "erin").body(body(PRICE)).unwrap();
     let response = client.oneshot(request).await.expect("an answer");

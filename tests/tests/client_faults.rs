@@ -16,7 +16,7 @@ use hyper_util::rt::TokioExecutor;
 use idem_examples::orders::{App, STARTING_BALANCE_CENTS};
 use idem_tests::Harness;
 use idem_tests::fault_proxy::fault_proxy;
-use idem_tower::client::{Delivery, IdempotentClientLayer, RetryPolicy};
+use idem_tower::client::{IdempotencyClientLayer, RetryPolicy, RetryReport};
 use serde_json::{Value, json};
 use tower::{ServiceBuilder, ServiceExt, service_fn};
 
@@ -70,7 +70,7 @@ async fn an_in_flight_409_is_retried_until_the_replay() {
         })
     };
     let client = ServiceBuilder::new()
-        .layer(IdempotentClientLayer::new(
+        .layer(IdempotencyClientLayer::new(
             RetryPolicy::default()
                 .max_attempts(20)
                 .deadline(Duration::from_secs(20))
@@ -87,7 +87,7 @@ async fn an_in_flight_409_is_retried_until_the_replay() {
         .body(Full::new(Bytes::from(order_body("book", PRICE))))
         .unwrap();
     let response = client.oneshot(request).await.expect("an answer");
-    let delivery = response.extensions().get::<Delivery>().cloned().unwrap();
+    let delivery = response.extensions().get::<RetryReport>().cloned().unwrap();
     let seen = seen.lock().unwrap().clone();
     assert_eq!(
         response.status(),
@@ -141,7 +141,7 @@ async fn two_hundred_operations_through_a_fault_proxy_make_two_hundred_orders() 
         .pool_max_idle_per_host(0)
         .build_http::<Full<Bytes>>();
     let client = ServiceBuilder::new()
-        .layer(IdempotentClientLayer::new(
+        .layer(IdempotencyClientLayer::new(
             RetryPolicy::default()
                 .max_attempts(20)
                 .backoff(Duration::from_millis(2), Duration::from_millis(20))
@@ -175,7 +175,7 @@ async fn two_hundred_operations_through_a_fault_proxy_make_two_hundred_orders() 
                         .oneshot(request)
                         .await
                         .unwrap_or_else(|e| panic!("operation {op}: {e}"));
-                    let delivery = response.extensions().get::<Delivery>().cloned().unwrap();
+                    let delivery = response.extensions().get::<RetryReport>().cloned().unwrap();
                     let status = response.status();
                     let bytes = response.into_body().collect().await.unwrap().to_bytes();
                     let placed: Value = serde_json::from_slice(&bytes).expect("JSON");

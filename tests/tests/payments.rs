@@ -11,9 +11,9 @@ use idem_examples::orders::Wiring;
 use idem_tests::{Backend, Call, Harness, Via};
 use serde_json::json;
 
-/// A retention short enough to outlive in a test.
-const SHORT_RETENTION: Duration = Duration::from_millis(300);
-/// Long enough after [`SHORT_RETENTION`] for every store's clock to agree.
+/// A ttl short enough to outlive in a test.
+const SHORT_TTL: Duration = Duration::from_millis(300);
+/// Long enough after [`SHORT_TTL`] for every store's clock to agree.
 const PAST_RETENTION: Duration = Duration::from_millis(1200);
 
 macro_rules! on_every_backend {
@@ -55,7 +55,7 @@ on_every_backend!(
 async fn harness(backend: Backend, via: Via, wiring: Wiring, short: bool) -> Option<Harness> {
     Harness::start_with(backend, via, wiring, |builder| {
         if short {
-            builder.retention(SHORT_RETENTION)
+            builder.ttl(SHORT_TTL)
         } else {
             builder
         }

@@ -33,12 +33,12 @@ use idem_examples::orders::{
     register_outbox_metrics,
 };
 use idem_examples::sql_pool::SqlPool;
+use idem_tower::core::BoxFuture;
 use idem_tower::core::guards::{
     JetStreamPublisher, Outbox, PendingEvent, Published, Publisher, Relay,
 };
 use idem_tower::core::sql::Dialect;
 use idem_tower::core::sql::sqlx::Pool;
-use idem_tower::core::store::BoxFuture;
 
 /// Publishes the orders app's outbox events to NATS JetStream.
 #[derive(Debug, Parser)]

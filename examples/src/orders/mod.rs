@@ -39,13 +39,13 @@ mod sql;
 use std::sync::Arc;
 
 use axum::extract::FromRef;
+use idem_tower::core::IdempotencyStore;
 use idem_tower::core::redis::SentinelConnection;
 use idem_tower::core::redis::redis;
 use idem_tower::core::redis::redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig,
 };
 use idem_tower::core::tiered::TierCounters;
-use idem_tower::store::IdempotencyStore;
 use idem_tower::{
     Idempotency, IdempotencyBuilder, MemoryStore, MySqlStore, PgStore, RedisStore, Resolver,
     SqliteStore, TieredStore,

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::{Extensions, StatusCode};
-use idem_tower::client::{Delivery, IdempotentMiddleware, RetryPolicy};
+use idem_tower::client::{IdempotencyMiddleware, RetryPolicy, RetryReport};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use serde_json::{Value, json};
 
@@ -211,7 +211,7 @@ impl Workload {
             .backoff(Duration::from_millis(20), Duration::from_millis(300))
             .max_retry_after(Duration::from_millis(500));
         let client = ClientBuilder::new(http)
-            .with(IdempotentMiddleware::new(policy))
+            .with(IdempotencyMiddleware::new(policy))
             .with(Recorder(tally.clone()))
             .build();
         Self {
@@ -331,7 +331,7 @@ impl Workload {
                 if !again {
                     let replayed = response
                         .extensions()
-                        .get::<Delivery>()
+                        .get::<RetryReport>()
                         .is_some_and(|d| d.replayed);
                     match response.json().await {
                         Ok(body) => {

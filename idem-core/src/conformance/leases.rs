@@ -1,5 +1,5 @@
 //! Conformance cases for time: the lease a duplicate is told about, expiry
-//! and takeover, the stale owner's fence, retention, and renewal.
+//! and takeover, the stale owner's fence, ttl, and renewal.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,9 +56,9 @@ pub async fn stale_owner_cannot_complete_or_release<S: IdempotencyStore>(store: 
     );
 }
 
-/// Once retention runs out, the key is free again.
-pub async fn retention_expiry_frees_the_key<S: IdempotencyStore>(store: Arc<S>) {
-    let key = fresh_key("retention");
+/// Once ttl runs out, the key is free again.
+pub async fn ttl_expiry_frees_the_key<S: IdempotencyStore>(store: Arc<S>) {
+    let key = fresh_key("ttl");
     let owner = acquire(&*store, &key, &fp(1), LONG).await;
     store
         .complete(&key, &owner, &response("old"), SHORT)
@@ -141,7 +141,7 @@ pub async fn stale_owner_cannot_renew<S: IdempotencyStore>(store: Arc<S>) {
 pub async fn renew_of_a_finished_or_foreign_claim_is_lease_lost<S: IdempotencyStore>(
     store: Arc<S>,
 ) {
-    // Completed: still replayed, with its retention.
+    // Completed: still replayed, with its ttl.
     let key = fresh_key("renew-completed");
     let owner = acquire(&*store, &key, &fp(1), LONG).await;
     let outcome = response("done");

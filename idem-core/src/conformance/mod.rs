@@ -4,7 +4,7 @@
 //! Each case uses fresh random keys, so a suite may run against a store that
 //! other suites (or earlier runs) share. The cases are grouped by topic:
 //! `records.rs` moves records through their transitions, `leases.rs` lets
-//! leases and retention run out and renews them; `sql/` holds what only a
+//! leases and ttl run out and renews them; `sql/` holds what only a
 //! SQL store can show, and `servers.rs` how tests find their servers.
 //!
 //! [`store_conformance_tests!`]: crate::store_conformance_tests
@@ -23,8 +23,8 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 
 pub use leases::{
     expired_lease_is_taken_over, in_flight_reports_lease_left, renew_keeps_a_claim_past_its_lease,
-    renew_of_a_finished_or_foreign_claim_is_lease_lost, retention_expiry_frees_the_key,
-    stale_owner_cannot_complete_or_release, stale_owner_cannot_renew,
+    renew_of_a_finished_or_foreign_claim_is_lease_lost, stale_owner_cannot_complete_or_release,
+    stale_owner_cannot_renew, ttl_expiry_frees_the_key,
 };
 pub use records::{
     claim_complete_replay, concurrent_claims_have_one_winner, fingerprint_mismatch,
@@ -162,7 +162,7 @@ macro_rules! store_conformance_tests {
             stale_owner_cannot_complete_or_release,
             only_the_owner_moves_the_record,
             fingerprint_mismatch,
-            retention_expiry_frees_the_key,
+            ttl_expiry_frees_the_key,
             keys_are_independent,
             renew_keeps_a_claim_past_its_lease,
             stale_owner_cannot_renew,

@@ -174,9 +174,3 @@ pub trait GuardDb: crate::sql::Dialect {}
 
 #[cfg(feature = "sql")]
 impl<DB: crate::sql::Dialect> GuardDb for DB {}
-
-/// The Redis client the Redis guards are built on, so your
-/// `ConnectionManager` is the very type they take.
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use redis;

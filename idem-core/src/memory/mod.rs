@@ -51,7 +51,7 @@ const MIN_SWEEP_LEN: usize = 64;
 /// losing its records on restart. It is not shared between processes. When
 /// full, it first drops expired records, then the completed records nearest
 /// to their expiry (in-flight claims are never dropped), which forgets those
-/// keys early: give it room for a retention period's worth of responses, or
+/// keys early: give it room for a ttl's worth of responses, or
 /// use a SQL store. Evicting takes time in proportion to the logarithm of
 /// the shard per record evicted; sweeping expired records runs on the write
 /// that finds a shard doubled since its last sweep, under that shard's lock,
@@ -380,14 +380,14 @@ impl IdempotencyStore for MemoryStore {
         key: &IdempotencyKey,
         owner: &OwnerToken,
         outcome: &Outcome,
-        retention: Duration,
+        ttl: Duration,
     ) -> Result<(), Error> {
         self.transition(key, owner, |fingerprint, now| {
             let record = Record::Completed {
                 fingerprint: *fingerprint,
                 outcome: outcome.clone(),
             };
-            Some(Entry::new(key.as_str(), record, now + retention))
+            Some(Entry::new(key.as_str(), record, now + ttl))
         })
     }
 

@@ -25,12 +25,12 @@ fn key(i: usize) -> IdempotencyKey {
 }
 
 /// Claims and completes `key` with a `bytes`-long response.
-fn store_one(store: &MemoryStore, key: &IdempotencyKey, bytes: usize, retention: Duration) {
+fn store_one(store: &MemoryStore, key: &IdempotencyKey, bytes: usize, ttl: Duration) {
     let fp = Fingerprint::from_bytes([7; 32]);
     let owner = OwnerToken::generate();
     let claim = block_on(store.claim(key, &fp, Duration::from_secs(30), owner)).unwrap();
     assert_eq!(claim, Claim::Acquired(owner));
-    block_on(store.complete(key, &owner, &response(bytes), retention)).unwrap();
+    block_on(store.complete(key, &owner, &response(bytes), ttl)).unwrap();
 }
 
 fn held(store: &MemoryStore) -> (usize, u64) {

@@ -1,16 +1,5 @@
-//! The record state machine of one key, and what a claim can find.
-//!
-//! ```text
-//! (absent) --claim--> InFlight{owner, lease, fingerprint}
-//! InFlight --complete(owner)--> Completed{fingerprint, outcome}   (retention)
-//! InFlight --release(owner)---> (absent)                          (retry allowed)
-//! InFlight --lease expired, claim--> InFlight{new owner}          (takeover)
-//! InFlight --renew(owner)---> InFlight{same owner, lease from now}
-//! ```
-//!
-//! A plain (non-transactional) claim lives by its lease, which its owner
-//! renews while the handler runs: a claim whose process died frees within
-//! about one lease.
+//! The record state machine of one key (see [`Record`]), and what a claim
+//! can find.
 
 mod codec;
 
@@ -128,9 +117,23 @@ impl From<Duplicate> for Claim {
     }
 }
 
-/// A record's stored state. Stores that keep a record as one value (Redis)
-/// store [`Record::encode`]; stores with columns may keep the parts apart.
-/// Lease and retention are the store's to keep, by its own clock.
+/// A record's stored state: one key's state machine.
+///
+/// ```text
+/// (absent) --claim--> InFlight{owner, lease, fingerprint}
+/// InFlight --complete(owner)--> Completed{fingerprint, outcome}   (ttl)
+/// InFlight --release(owner)---> (absent)                          (retry allowed)
+/// InFlight --lease expired, claim--> InFlight{new owner}          (takeover)
+/// InFlight --renew(owner)---> InFlight{same owner, lease from now}
+/// ```
+///
+/// A plain (non-transactional) claim lives by its lease, which its owner
+/// renews while the handler runs: a claim whose process died frees within
+/// about one lease.
+///
+/// Stores that keep a record as one value (Redis) store [`Record::encode`];
+/// stores with columns may keep the parts apart. Lease and ttl are the
+/// store's to keep, by its own clock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record {
     /// Claimed and not yet finished.
@@ -140,7 +143,7 @@ pub enum Record {
         /// The request that claimed it.
         fingerprint: Fingerprint,
     },
-    /// Finished; replayed until retention runs out.
+    /// Finished; replayed until ttl runs out.
     Completed {
         /// The request that completed it.
         fingerprint: Fingerprint,

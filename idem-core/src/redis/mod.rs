@@ -1,7 +1,7 @@
 //! Redis: the fast gate.
 //!
 //! One key per record, holding [`Record::encode`] with the lease or the
-//! retention as its `PX` expiry, so Redis's own clock expires it. A claim is
+//! ttl as its `PX` expiry, so Redis's own clock expires it. A claim is
 //! one round trip: `SET key value NX PX lease GET` sets the record if the key
 //! is free and otherwise returns what is there. Complete, release and renew
 //! are Lua scripts that compare the owner token inside the stored value,
@@ -76,20 +76,20 @@ where
         &self.conn
     }
 
-    /// Writes a completed record directly, with its retention: how a tiered
+    /// Writes a completed record directly, with its ttl: how a tiered
     /// store re-warms the gate from the source of truth.
     pub async fn put_completed(
         &self,
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
         outcome: &Outcome,
-        retention: Duration,
+        ttl: Duration,
     ) -> Result<(), Error> {
         let record = Record::Completed {
             fingerprint: *fingerprint,
             outcome: outcome.clone(),
         };
-        self.put(key, &record, retention).await
+        self.put(key, &record, ttl).await
     }
 
     /// Writes an in-flight record for `owner` over whatever the key holds,
@@ -191,13 +191,13 @@ where
         key: &IdempotencyKey,
         owner: &OwnerToken,
         outcome: &Outcome,
-        retention: Duration,
+        ttl: Duration,
     ) -> Result<(), Error> {
         let done: i64 = COMPLETE
             .key(key.as_str())
             .arg(&owner.as_bytes()[..])
             .arg(&outcome.encode()[..])
-            .arg(millis(retention))
+            .arg(millis(ttl))
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(unavailable)?;

@@ -71,7 +71,7 @@ pub enum Write {
         key_hash: [u8; 32],
         owner: OwnerToken,
         outcome: Bytes,
-        retention_ms: i64,
+        ttl_ms: i64,
     },
     Release {
         key_hash: [u8; 32],
@@ -426,9 +426,9 @@ impl<DB: Dialect> SqlStore<DB> {
                 key_hash,
                 owner,
                 outcome,
-                retention_ms,
+                ttl_ms,
             } => Written::Fenced(
-                DB::complete(conn, queries, key_hash, owner, outcome, *retention_ms).await?,
+                DB::complete(conn, queries, key_hash, owner, outcome, *ttl_ms).await?,
             ),
             Write::Release { key_hash, owner } => {
                 Written::Fenced(DB::release(conn, queries, key_hash, owner).await?)

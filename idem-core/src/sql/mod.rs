@@ -63,7 +63,7 @@
 //! Each store is also a
 //! [`TransactionalStore`](crate::store::TransactionalStore): the claim,
 //! the handler's business writes and the stored response commit in one
-//! transaction. See [`store`](crate::store) and the `Tx` extractor of
+//! transaction. See [`TransactionalStore`](crate::TransactionalStore) and the `Tx` extractor of
 //! `idem-tower`. A claim in transactional mode lives exactly as long as its
 //! transaction: a crash rolls it back and frees the key at once.
 //!
@@ -147,7 +147,7 @@ use dialect::{ClaimArgs, ClaimStep, Queries};
 #[cfg(feature = "guards")]
 pub(crate) use dialect::{EventRow, Value};
 use open::OpenClaims;
-pub use slot::{TxLease, TxSlot};
+pub use slot::{TxGuard, TxSlot};
 /// The sqlx crate this store is built on, so your pool is the very type the
 /// store takes.
 pub use sqlx;

@@ -59,13 +59,13 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         key: &IdempotencyKey,
         owner: &OwnerToken,
         outcome: &Outcome,
-        retention: Duration,
+        ttl: Duration,
     ) -> Result<(), Error> {
         let complete = Write::Complete {
             key_hash: key_hash(key),
             owner: *owner,
             outcome: outcome.encode(),
-            retention_ms: millis(retention),
+            ttl_ms: millis(ttl),
         };
         self.write(complete).await?.fenced()
     }

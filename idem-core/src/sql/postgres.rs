@@ -132,13 +132,13 @@ impl Dialect for Postgres {
                 format!(
                     "INSERT INTO {table} AS r \
                        (key_hash, idem_key, state, owner, fingerprint, outcome, expires_at) \
-                     VALUES ($1, $2, 'C', NULL, $3, $4, {retention_end}) \
+                     VALUES ($1, $2, 'C', NULL, $3, $4, {ttl_end}) \
                      ON CONFLICT (key_hash) DO UPDATE SET \
                        idem_key = EXCLUDED.idem_key, state = 'C', owner = NULL, \
                        fingerprint = EXCLUDED.fingerprint, outcome = EXCLUDED.outcome, \
                        expires_at = EXCLUDED.expires_at, created_at = {now} \
                      WHERE r.expires_at <= {now}",
-                    retention_end = expires("$5"),
+                    ttl_end = expires("$5"),
                 )
                 .into(),
             ),
@@ -235,7 +235,7 @@ impl Dialect for Postgres {
         q: &Queries,
         args: ClaimArgs<'_>,
         outcome: &[u8],
-        retention_ms: i64,
+        ttl_ms: i64,
     ) -> Result<bool, sqlx::Error> {
         let Some(insert) = &q.insert_completed else {
             return Err(sqlx::Error::Protocol(
@@ -247,7 +247,7 @@ impl Dialect for Postgres {
             .bind(args.key)
             .bind(&args.fingerprint.as_bytes()[..])
             .bind(outcome)
-            .bind(retention_ms)
+            .bind(ttl_ms)
             .execute(&mut *conn)
             .await?;
         Ok(done.rows_affected() == 1)

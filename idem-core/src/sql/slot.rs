@@ -34,8 +34,8 @@ impl<DB: sqlx::Database> std::fmt::Debug for TxSlot<DB> {
     }
 }
 
-/// A lease of the slot's transaction: holds it until dropped.
-pub type TxLease<DB> = OwnedMutexGuard<Option<sqlx::Transaction<'static, DB>>>;
+/// The slot's transaction, locked: held until dropped.
+pub type TxGuard<DB> = OwnedMutexGuard<Option<sqlx::Transaction<'static, DB>>>;
 
 impl<DB: sqlx::Database> TxSlot<DB> {
     pub(crate) fn new(tx: sqlx::Transaction<'static, DB>) -> Self {
@@ -46,7 +46,7 @@ impl<DB: sqlx::Database> TxSlot<DB> {
 
     /// Lends the transaction until the returned guard is dropped. `None`
     /// inside means the layer has already finished with it.
-    pub async fn lease(&self) -> TxLease<DB> {
+    pub async fn lock(&self) -> TxGuard<DB> {
         self.tx.clone().lock_owned().await
     }
 

@@ -173,7 +173,7 @@ impl<DB: Dialect> OpenTransaction for SqlOpenTransaction<DB> {
     fn commit<'a>(
         self: Box<Self>,
         outcome: &'a Outcome,
-        retention: Duration,
+        ttl: Duration,
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
             let mut tx = self.slot.take().await?;
@@ -189,7 +189,7 @@ impl<DB: Dialect> OpenTransaction for SqlOpenTransaction<DB> {
                 &self.store.inner.queries,
                 args,
                 &outcome.encode(),
-                millis(retention),
+                millis(ttl),
             )
             .await
             .map_err(unavailable)?;

@@ -9,7 +9,7 @@ use crate::{Claim, Error, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
 /// Where idempotency records live.
 ///
 /// Every method is one atomic step of the record state machine (see
-/// [`record`](crate::record)); implementations must make each one a single
+/// [`Record`](crate::Record)); implementations must make each one a single
 /// compare-and-set against the store's own clock, so that any number of
 /// processes sharing the store agree on who owns a key.
 ///
@@ -59,7 +59,7 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         owner: OwnerToken,
     ) -> impl Future<Output = Result<Claim, Error>> + Send;
 
-    /// Completes `key` with `outcome`, kept for `retention`, if `owner` still
+    /// Completes `key` with `outcome`, kept for `ttl`, if `owner` still
     /// holds it in flight; otherwise fails with `LeaseLost` and changes
     /// nothing.
     fn complete(
@@ -67,7 +67,7 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         key: &IdempotencyKey,
         owner: &OwnerToken,
         outcome: &Outcome,
-        retention: Duration,
+        ttl: Duration,
     ) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// Removes `key` so the next request may run, if `owner` still holds it in
@@ -120,9 +120,9 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
         key: &IdempotencyKey,
         owner: &OwnerToken,
         outcome: &Outcome,
-        retention: Duration,
+        ttl: Duration,
     ) -> impl Future<Output = Result<(), Error>> + Send {
-        (**self).complete(key, owner, outcome, retention)
+        (**self).complete(key, owner, outcome, ttl)
     }
 
     fn release(

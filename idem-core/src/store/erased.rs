@@ -18,7 +18,7 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// ```
 /// use std::sync::Arc;
 /// use idem_core::MemoryStore;
-/// use idem_core::store::DynStore;
+/// use idem_core::DynStore;
 ///
 /// let store: Arc<dyn DynStore> = Arc::new(MemoryStore::new());
 /// assert!(store.transactional().is_none());
@@ -39,7 +39,7 @@ pub trait DynStore: Send + Sync + 'static {
         key: &'a IdempotencyKey,
         owner: &'a OwnerToken,
         outcome: &'a Outcome,
-        retention: Duration,
+        ttl: Duration,
     ) -> BoxFuture<'a, Result<(), Error>>;
 
     /// [`IdempotencyStore::release`].
@@ -83,11 +83,9 @@ impl<S: IdempotencyStore> DynStore for S {
         key: &'a IdempotencyKey,
         owner: &'a OwnerToken,
         outcome: &'a Outcome,
-        retention: Duration,
+        ttl: Duration,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(IdempotencyStore::complete(
-            self, key, owner, outcome, retention,
-        ))
+        Box::pin(IdempotencyStore::complete(self, key, owner, outcome, ttl))
     }
 
     fn release<'a>(

@@ -60,13 +60,13 @@ pub trait OpenTransaction: Send + 'static {
     /// where its `Tx` extractor looks).
     fn handle(&self) -> TxHandle;
 
-    /// Records `outcome` for `retention` in the key's record and commits the
+    /// Records `outcome` for `ttl` in the key's record and commits the
     /// transaction: the handler's writes and the outcome become durable
     /// together, or (on error) neither does.
     fn commit<'a>(
         self: Box<Self>,
         outcome: &'a Outcome,
-        retention: Duration,
+        ttl: Duration,
     ) -> BoxFuture<'a, Result<(), Error>>;
 
     /// Rolls back the handler's writes and the claim.
@@ -97,12 +97,12 @@ impl TxHandle {
     ///
     /// ```no_run
     /// # #[cfg(feature = "postgres")]
-    /// # async fn run(handle: idem_core::store::TxHandle) {
+    /// # async fn run(handle: idem_core::TxHandle) {
     /// use idem_core::sql::sqlx::Postgres;
     ///
     /// let slot = handle.slot::<Postgres>().expect("a PostgreSQL transaction");
-    /// let mut lease = slot.lease().await;
-    /// let conn = lease.as_mut().expect("still open");
+    /// let mut guard = slot.lock().await;
+    /// let conn = guard.as_mut().expect("still open");
     /// # let _ = conn; }
     /// ```
     pub fn slot<DB: crate::sql::Dialect>(&self) -> Option<&crate::sql::TxSlot<DB>> {

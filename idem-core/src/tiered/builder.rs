@@ -79,21 +79,21 @@ where
         self
     }
 
-    /// Keeps up to `entries` completed records in this process for `ttl`,
-    /// answering their duplicates without a network trip (none by default).
-    /// Keep `ttl` well under your retention: a cached record is replayed
-    /// until it expires here, whatever the stores hold.
-    pub fn cache(mut self, entries: u64, ttl: Duration) -> Self {
-        self.cache = Some((entries, ttl));
+    /// Keeps up to `entries` completed records in this process for
+    /// `time_to_live`, answering their duplicates without a network trip
+    /// (none by default). Keep it well under the records' `ttl`: a cached
+    /// record is replayed until it expires here, whatever the stores hold.
+    pub fn cache(mut self, entries: u64, time_to_live: Duration) -> Self {
+        self.cache = Some((entries, time_to_live));
         self
     }
 
     /// The store.
     pub fn build(self) -> TieredStore<C, T> {
-        let cache = self.cache.map(|(entries, ttl)| {
+        let cache = self.cache.map(|(entries, time_to_live)| {
             moka::sync::Cache::builder()
                 .max_capacity(entries)
-                .time_to_live(ttl)
+                .time_to_live(time_to_live)
                 .build()
         });
         TieredStore {

@@ -318,16 +318,13 @@ where
         key: &IdempotencyKey,
         owner: &OwnerToken,
         outcome: &Outcome,
-        retention: Duration,
+        ttl: Duration,
     ) -> Result<(), Error> {
-        self.inner
-            .truth
-            .complete(key, owner, outcome, retention)
-            .await?;
+        self.inner.truth.complete(key, owner, outcome, ttl).await?;
         // A gate without our claim (it was skipped) fills itself on the next
         // duplicate, from SQL.
         let _ = self
-            .on_gate(self.inner.gate.complete(key, owner, outcome, retention))
+            .on_gate(self.inner.gate.complete(key, owner, outcome, ttl))
             .await;
         Ok(())
     }

@@ -148,15 +148,15 @@ where
     fn commit<'a>(
         mut self: Box<Self>,
         outcome: &'a Outcome,
-        retention: Duration,
+        ttl: Duration,
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
             let tx = self.tx.take().expect("a transaction until it ends");
-            tx.commit(outcome, retention).await?;
+            tx.commit(outcome, ttl).await?;
             let gate = &self.store.inner.gate;
             let _ = self
                 .store
-                .on_gate(gate.complete(&self.key, &self.owner, outcome, retention))
+                .on_gate(gate.complete(&self.key, &self.owner, outcome, ttl))
                 .await;
             Ok(())
         })

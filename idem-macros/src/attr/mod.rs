@@ -17,12 +17,14 @@ use syn::parse::Parser;
 use syn::{Ident, LitStr};
 use value::{
     bool_value, duration_value, fingerprint_value, flag_value, in_flight_value, key_value,
+    ttl_value,
 };
 
-/// The arguments, in the order the docs list them.
+/// The arguments, in the order the docs list them. `retention`, the name
+/// `ttl` had for a while, is accepted as a synonym and listed nowhere.
 const ARGUMENTS: [&str; 8] = [
     "key",
-    "retention",
+    "ttl",
     "lease",
     "required",
     "in_flight",
@@ -34,7 +36,8 @@ const ARGUMENTS: [&str; 8] = [
 /// `#[idempotent(...)]`, parsed and checked.
 pub(crate) struct Args {
     pub(crate) key: Key,
-    pub(crate) retention: Option<Duration>,
+    /// How long a completed response is kept and replayed.
+    pub(crate) ttl: Option<Duration>,
     pub(crate) lease: Option<Duration>,
     pub(crate) required: Option<bool>,
     pub(crate) in_flight: Option<InFlightPolicy>,
@@ -76,7 +79,8 @@ impl Args {
 #[derive(Default)]
 struct RawArgs {
     key: Option<Key>,
-    retention: Option<Duration>,
+    /// `ttl`, with the name it was written under (`ttl` or `retention`).
+    ttl: Option<(Duration, Ident)>,
     lease: Option<Duration>,
     required: Option<bool>,
     in_flight: Option<(InFlightPolicy, Span)>,
@@ -93,15 +97,10 @@ impl RawArgs {
         let name = ident.to_string();
         match name.as_str() {
             "key" => set(&mut self.key, &ident, key_value(&meta, &ident)?),
-            "retention" => {
-                let value = duration_value(&meta, &ident, "retention = \"24h\"")?;
-                set(&mut self.retention, &ident, value)
+            "ttl" | "retention" => {
+                let value = ttl_value(&meta, &ident)?;
+                self.set_ttl(value, ident)
             }
-            "ttl" => Err(syn::Error::new(
-                ident.span(),
-                "`ttl` is called `retention`, as on the builder and the layer: write \
-                 `retention = \"24h\"`",
-            )),
             "lease" => {
                 let value = duration_value(&meta, &ident, "lease = \"30s\"")?;
                 set(&mut self.lease, &ident, value)
@@ -127,6 +126,27 @@ impl RawArgs {
                 set(&mut self.shared_across_callers, &ident, value)
             }
             _ => Err(syn::Error::new(ident.span(), unknown_argument(&name))),
+        }
+    }
+
+    /// Stores `ttl`, or fails if it was given already, under either name.
+    fn set_ttl(&mut self, ttl: Duration, ident: Ident) -> syn::Result<()> {
+        match &self.ttl {
+            None => {
+                self.ttl = Some((ttl, ident));
+                Ok(())
+            }
+            Some((_, first)) if *first == ident => Err(syn::Error::new(
+                ident.span(),
+                format!("`{ident}` specified more than once: keep one of them"),
+            )),
+            Some((_, first)) => Err(syn::Error::new(
+                ident.span(),
+                format!(
+                    "`{ident}` and `{first}` are one argument (`retention` is the former name \
+                     of `ttl`): keep `ttl`"
+                ),
+            )),
         }
     }
 
@@ -162,7 +182,7 @@ impl RawArgs {
         let transactional = self.transactional.unwrap_or(false);
         Ok(Args {
             key,
-            retention: self.retention,
+            ttl: self.ttl.map(|(ttl, _)| ttl),
             lease: self.lease,
             required: self.required,
             in_flight: self.in_flight.map(|(in_flight, _)| in_flight),
@@ -245,7 +265,7 @@ mod tests {
     fn parses_every_argument() {
         let args = Args::parse(quote!(
             key = "pay:{tenant}:{body:/payment_no}",
-            retention = "24h",
+            ttl = "24h",
             lease = "1m 30s",
             required = false,
             in_flight = "wait(5s)",
@@ -257,7 +277,7 @@ mod tests {
             args.key.template.as_str(),
             "pay:{tenant}:{body:/payment_no}"
         );
-        assert_eq!(args.retention, Some(Duration::from_secs(86_400)));
+        assert_eq!(args.ttl, Some(Duration::from_secs(86_400)));
         assert_eq!(args.lease, Some(Duration::from_secs(90)));
         assert_eq!(args.required, Some(false));
         assert!(
@@ -269,11 +289,25 @@ mod tests {
     }
 
     #[test]
+    fn ttl_takes_a_humane_string_or_whole_seconds() {
+        for (attr, expected) in [
+            (quote!(key = "a:{path:id}", ttl = "24h"), 86_400),
+            (quote!(key = "a:{path:id}", ttl = 86400), 86_400),
+            (quote!(key = "a:{path:id}", ttl = 86_400u64), 86_400),
+            (quote!(key = "a:{path:id}", ttl = "10m"), 600),
+            (quote!(key = "a:{path:id}", retention = "72h"), 259_200),
+            (quote!(key = "a:{path:id}", retention = 60), 60),
+            (quote!(key = "a:{path:id}", ttl = "365days"), 31_536_000),
+        ] {
+            let args = Args::parse(attr.clone()).unwrap_or_else(|e| panic!("{attr}: {e}"));
+            assert_eq!(args.ttl, Some(Duration::from_secs(expected)), "{attr}");
+        }
+        assert_eq!(Args::parse(quote!(key = "a:{path:id}")).unwrap().ttl, None);
+    }
+
+    #[test]
     fn suggests_the_argument_meant() {
-        assert!(
-            error(quote!(key = "a:{path:id}", retntion = "1h"))
-                .contains("did you mean `retention`?")
-        );
+        assert!(error(quote!(key = "a:{path:id}", tll = "1h")).contains("did you mean `ttl`?"));
         assert!(!error(quote!(key = "a:{path:id}", color = "1h")).contains("did you mean"));
     }
 
@@ -293,17 +327,29 @@ mod tests {
     #[test]
     fn rejects_bad_values() {
         for (attr, expected) in [
+            (quote!(key = "a:{path:id}", ttl = 0), "longer than zero"),
+            (quote!(key = "a:{path:id}", ttl = "0s"), "longer than zero"),
+            (quote!(key = "a:{path:id}", ttl = -5), "a negative `ttl`"),
+            (quote!(key = "a:{path:id}", ttl = 1.5), "whole seconds"),
             (
-                quote!(key = "a:{path:id}", retention = 5),
-                "as a string with a unit",
+                quote!(key = "a:{path:id}", ttl = "2years"),
+                "at most a year",
             ),
             (
-                quote!(key = "a:{path:id}", retention = "0s"),
-                "longer than zero",
+                quote!(key = "a:{path:id}", ttl = 31_536_001),
+                "at most a year",
             ),
             (
-                quote!(key = "a:{path:id}", ttl = "1h"),
-                "`ttl` is called `retention`",
+                quote!(key = "a:{path:id}", ttl = true),
+                "`ttl` takes a duration",
+            ),
+            (
+                quote!(key = "a:{path:id}", ttl = "1h", retention = "2h"),
+                "are one argument",
+            ),
+            (
+                quote!(key = "a:{path:id}", ttl = "1h", ttl = "2h"),
+                "specified more than once",
             ),
             (
                 quote!(key = "a:{path:id}", fingerprint = "body"),
@@ -339,7 +385,7 @@ mod tests {
                 quote!(key = "a:{path:id}", shared_across_callers = "yes"),
                 "`shared_across_callers` takes `true` or `false`",
             ),
-            (quote!(retention = "1h"), "missing `key`"),
+            (quote!(ttl = "1h"), "missing `key`"),
         ] {
             let message = error(attr.clone());
             assert!(message.contains(expected), "{attr}: {message}");

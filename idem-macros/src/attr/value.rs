@@ -24,14 +24,85 @@ pub(super) fn key_value(meta: &ParseNestedMeta<'_>, ident: &Ident) -> syn::Resul
     Ok(Key { lit, template })
 }
 
-/// The value of `retention = "24h"` or `lease = "30s"`.
+/// The longest `ttl` the attribute takes: a year. A longer one is almost
+/// certainly a slip of the unit, and would keep every response that long.
+const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
+/// The value of `ttl = "24h"` or `ttl = 86400` (whole seconds), also
+/// written `retention = ...`: longer than zero and at most a year.
+pub(super) fn ttl_value(meta: &ParseNestedMeta<'_>, ident: &Ident) -> syn::Result<Duration> {
+    let (ttl, span) = seconds_or_duration(meta, ident, "ttl = \"24h\" or ttl = 86400")?;
+    if ttl > MAX_TTL {
+        return Err(syn::Error::new(
+            span,
+            format!(
+                "`{ident}` must be at most a year (\"365days\", {} seconds): every completed \
+                 response is kept this long",
+                MAX_TTL.as_secs()
+            ),
+        ));
+    }
+    Ok(ttl)
+}
+
+/// The value of `lease = "30s"` or `lease = 30` (whole seconds).
 pub(super) fn duration_value(
     meta: &ParseNestedMeta<'_>,
     ident: &Ident,
     example: &str,
 ) -> syn::Result<Duration> {
-    let lit = string_value(meta, ident, example)?;
-    parse_duration(&lit, &lit.value(), &ident.to_string())
+    Ok(seconds_or_duration(meta, ident, example)?.0)
+}
+
+/// A duration written as a humane string (`"24h"`) or as whole seconds
+/// (`86400`), longer than zero, and the span of the value.
+fn seconds_or_duration(
+    meta: &ParseNestedMeta<'_>,
+    ident: &Ident,
+    example: &str,
+) -> syn::Result<(Duration, Span)> {
+    let input = value_of(meta, ident, example)?;
+    if input.peek(Token![-]) {
+        let minus: Token![-] = input.parse()?;
+        let value: Lit = input.parse()?;
+        let span = minus.span.join(value.span()).unwrap_or(minus.span);
+        return Err(syn::Error::new(
+            span,
+            format!(
+                "a negative `{ident}` keeps nothing: write a positive duration, such as {example}"
+            ),
+        ));
+    }
+    let zero = |span| {
+        syn::Error::new(
+            span,
+            format!("`{ident}` must be longer than zero: write {example}"),
+        )
+    };
+    match input.parse::<Lit>()? {
+        Lit::Str(lit) => {
+            let duration = parse_duration(&lit, &lit.value(), &ident.to_string())?;
+            Ok((duration, lit.span()))
+        }
+        Lit::Int(int) => {
+            let secs: u64 = int.base10_parse()?;
+            if secs == 0 {
+                return Err(zero(int.span()));
+            }
+            Ok((Duration::from_secs(secs), int.span()))
+        }
+        Lit::Float(float) => Err(syn::Error::new(
+            float.span(),
+            format!(
+                "`{ident}` as a number is whole seconds: write an integer, or a string with a \
+                 unit, such as {example}"
+            ),
+        )),
+        other => Err(syn::Error::new(
+            other.span(),
+            format!("`{ident}` takes a duration: write {example}"),
+        )),
+    }
 }
 
 /// The value of `in_flight = "wait(5s)"`, and the span to blame for it.
@@ -48,10 +119,6 @@ fn string_value(meta: &ParseNestedMeta<'_>, ident: &Ident, example: &str) -> syn
     let input = value_of(meta, ident, example)?;
     match input.parse::<Lit>()? {
         Lit::Str(lit) => Ok(lit),
-        Lit::Int(int) if example.contains(['s', 'h']) => Err(syn::Error::new(
-            int.span(),
-            format!("write `{ident}` as a string with a unit, such as {example}"),
-        )),
         other => Err(syn::Error::new(
             other.span(),
             format!("`{ident}` takes a string: write {example}"),

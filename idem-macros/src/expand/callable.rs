@@ -42,7 +42,7 @@ pub(super) fn deref_impl(handler: &Handler<'_>) -> TokenStream {
             quote_spanned!(span=> #p::Box::pin(#hidden(#(#values),*))),
         ),
     };
-    let pointer = quote_spanned!(span=> fn(#(#types),*) -> #p::BoxFuture<#output>);
+    let pointer = quote_spanned!(span=> fn(#(#types),*) -> #p::FnFuture<#output>);
     quote_spanned! {span=>
         #(#cfgs)*
         #[allow(clippy::type_complexity)]
@@ -50,7 +50,7 @@ pub(super) fn deref_impl(handler: &Handler<'_>) -> TokenStream {
             type Target = #pointer;
 
             fn deref(&self) -> &Self::Target {
-                fn call(#(#values: #types),*) -> #p::BoxFuture<#output> {
+                fn call(#(#values: #types),*) -> #p::FnFuture<#output> {
                     #boxed
                 }
                 &(call as #pointer)

@@ -13,9 +13,9 @@ pub(super) fn layer(args: &Args, span: Span) -> TokenStream {
     let p = private();
     let key = &args.key.lit;
     let mut settings = TokenStream::new();
-    if let Some(retention) = args.retention {
-        let retention = duration(retention);
-        settings.extend(quote_spanned!(span=> .retention(#retention)));
+    if let Some(ttl) = args.ttl {
+        let ttl = duration(ttl);
+        settings.extend(quote_spanned!(span=> .ttl(#ttl)));
     }
     if let Some(lease) = args.lease {
         let lease = duration(lease);

@@ -1,4 +1,4 @@
-//! `IdempotentClientLayer`: the policy and the key kind, fixed when the
+//! `IdempotencyClientLayer`: the policy and the key kind, fixed when the
 //! client is built.
 
 use std::sync::Arc;
@@ -7,27 +7,27 @@ use tower::Layer;
 
 use super::key::KeyKind;
 use super::policy::RetryPolicy;
-use super::service::IdempotentClient;
+use super::service::IdempotencyClient;
 
-/// Puts [`IdempotentClient`] around an HTTP client service.
+/// Puts [`IdempotencyClient`] around an HTTP client service.
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_tower::client::{IdempotentClientLayer, KeyKind, RetryPolicy};
+/// use idem_tower::client::{IdempotencyClientLayer, KeyKind, RetryPolicy};
 ///
-/// let layer = IdempotentClientLayer::new(
+/// let layer = IdempotencyClientLayer::new(
 ///     RetryPolicy::default().max_attempts(4).attempt_timeout(Duration::from_secs(2)),
 /// )
 /// .key_kind(KeyKind::V7);
 /// # let _ = layer;
 /// ```
 #[derive(Debug, Clone, Default)]
-pub struct IdempotentClientLayer {
+pub struct IdempotencyClientLayer {
     policy: Arc<RetryPolicy>,
     kind: KeyKind,
 }
 
-impl IdempotentClientLayer {
+impl IdempotencyClientLayer {
     /// A layer retrying under `policy`, generating UUID v4 keys.
     pub fn new(policy: RetryPolicy) -> Self {
         Self {
@@ -43,10 +43,10 @@ impl IdempotentClientLayer {
     }
 }
 
-impl<S> Layer<S> for IdempotentClientLayer {
-    type Service = IdempotentClient<S>;
+impl<S> Layer<S> for IdempotencyClientLayer {
+    type Service = IdempotencyClient<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        IdempotentClient::new(inner, Arc::clone(&self.policy), self.kind)
+        IdempotencyClient::new(inner, Arc::clone(&self.policy), self.kind)
     }
 }

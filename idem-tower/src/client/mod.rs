@@ -20,23 +20,23 @@
 //! use bytes::Bytes;
 //! use http_body_util::Full;
 //! use hyper_util::{client::legacy::Client, rt::TokioExecutor};
-//! use idem_tower::client::{Delivery, IdempotentClientLayer, RetryPolicy};
+//! use idem_tower::client::{RetryReport, IdempotencyClientLayer, RetryPolicy};
 //! use tower::{ServiceBuilder, ServiceExt};
 //!
 //! let http = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
 //! let client = ServiceBuilder::new()
-//!     .layer(IdempotentClientLayer::new(RetryPolicy::default()))
+//!     .layer(IdempotencyClientLayer::new(RetryPolicy::default()))
 //!     .service(http);
 //! let request = http::Request::post("http://127.0.0.1:3000/orders")
 //!     .header("content-type", "application/json")
 //!     .body(Full::new(Bytes::from_static(br#"{"sku":"A-1"}"#)))?;
 //! let response = client.oneshot(request).await?;
-//! let delivery = response.extensions().get::<Delivery>().unwrap();
+//! let delivery = response.extensions().get::<RetryReport>().unwrap();
 //! println!("{} after {} attempt(s), replayed: {}", response.status(), delivery.attempts, delivery.replayed);
 //! # Ok(()) }
 //! ```
 //!
-//! With the feature `reqwest`, `IdempotentMiddleware` is the same
+//! With the feature `reqwest`, `IdempotencyMiddleware` is the same
 //! policy for reqwest, as a `reqwest_middleware::Middleware`.
 //!
 //! Each attempt runs in a `idem.client.attempt` span (attempt number,
@@ -44,18 +44,18 @@
 //! `idem_client_retries_total{cause}`.
 
 mod attempt;
-mod delivery;
 mod key;
 mod layer;
 mod policy;
+mod report;
 #[cfg(feature = "reqwest")]
 mod reqwest;
 mod service;
 
-pub use delivery::{Delivery, Error, ErrorKind};
 pub use key::{KEY_HEADER, KeyKind, KeyOrigin, OperationKey};
-pub use layer::IdempotentClientLayer;
+pub use layer::IdempotencyClientLayer;
 pub use policy::{Cause, RetryPolicy, Verdict, retry_after};
+pub use report::{ClientError, ClientErrorKind, RetryReport};
 #[cfg(feature = "reqwest")]
-pub use reqwest::IdempotentMiddleware;
-pub use service::IdempotentClient;
+pub use reqwest::IdempotencyMiddleware;
+pub use service::IdempotencyClient;

@@ -9,33 +9,33 @@ use reqwest_middleware::{Middleware, Next};
 use tracing::Instrument;
 
 use super::attempt::{Schedule, within};
-use super::delivery::{Delivery, Error, ErrorKind};
 use super::key::{self, KEY_HEADER, KeyKind, KeyOrigin};
 use super::policy::{Cause, RetryPolicy, Verdict};
+use super::report::{ClientError, ClientErrorKind, RetryReport};
 
 /// Sends each non-safe request with an `Idempotency-Key` (the caller's, or
 /// one made for it) and retries it, same key, same body, on transient
-/// failures ([`RetryPolicy`]). Every response carries a [`Delivery`]
-/// extension: `response.extensions().get::<Delivery>()`.
+/// failures ([`RetryPolicy`]). Every response carries a [`RetryReport`]
+/// extension: `response.extensions().get::<RetryReport>()`.
 ///
 /// A request with a streaming body cannot be re-sent: it gets its key and
 /// one attempt.
 ///
 /// ```
-/// use idem_tower::client::{IdempotentMiddleware, RetryPolicy};
+/// use idem_tower::client::{IdempotencyMiddleware, RetryPolicy};
 ///
 /// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
-///     .with(IdempotentMiddleware::new(RetryPolicy::default()))
+///     .with(IdempotencyMiddleware::new(RetryPolicy::default()))
 ///     .build();
 /// # let _ = client;
 /// ```
 #[derive(Debug, Clone, Default)]
-pub struct IdempotentMiddleware {
+pub struct IdempotencyMiddleware {
     policy: Arc<RetryPolicy>,
     kind: KeyKind,
 }
 
-impl IdempotentMiddleware {
+impl IdempotencyMiddleware {
     /// A middleware retrying under `policy`, generating UUID v4 keys.
     pub fn new(policy: RetryPolicy) -> Self {
         Self {
@@ -63,7 +63,7 @@ fn transient(error: &reqwest_middleware::Error) -> Option<Cause> {
 }
 
 #[async_trait::async_trait]
-impl Middleware for IdempotentMiddleware {
+impl Middleware for IdempotencyMiddleware {
     async fn handle(
         &self,
         mut request: Request,
@@ -82,8 +82,8 @@ impl Middleware for IdempotentMiddleware {
             .and_then(reqwest::Body::as_bytes)
             .map_or(0, <[u8]>::len);
         if size > self.policy.max_body {
-            return Err(reqwest_middleware::Error::middleware(Error::new(
-                ErrorKind::BodyTooLarge,
+            return Err(reqwest_middleware::Error::middleware(ClientError::new(
+                ClientErrorKind::BodyTooLarge,
                 0,
                 None,
             )));
@@ -110,7 +110,8 @@ impl Middleware for IdempotentMiddleware {
                     let verdict = schedule
                         .policy()
                         .classify(response.status(), response.headers());
-                    let delivery = Delivery::new(attempts, response.headers(), key.clone(), origin);
+                    let delivery =
+                        RetryReport::new(attempts, response.headers(), key.clone(), origin);
                     response.extensions_mut().insert(delivery);
                     match verdict {
                         Verdict::Final => return Ok(response),
@@ -124,8 +125,8 @@ impl Middleware for IdempotentMiddleware {
                 Err(elapsed) => (
                     Cause::Timeout,
                     None,
-                    Err(reqwest_middleware::Error::middleware(Error::new(
-                        ErrorKind::Exhausted(Cause::Timeout),
+                    Err(reqwest_middleware::Error::middleware(ClientError::new(
+                        ClientErrorKind::Exhausted(Cause::Timeout),
                         attempts,
                         Some(Box::new(elapsed)),
                     ))),

@@ -1,4 +1,4 @@
-//! `IdempotentClient`: one logical request, its key made once, its body
+//! `IdempotencyClient`: one logical request, its key made once, its body
 //! buffered once, sent until an answer is final or the policy says stop.
 
 use std::future::{Future, poll_fn};
@@ -11,15 +11,14 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use idem_core::BoxError;
 use tower::Service;
 use tracing::Instrument;
 
 use super::attempt::{Schedule, within};
-use super::delivery::{Delivery, Error, ErrorKind};
 use super::key::{self, KEY_HEADER, KeyKind, KeyOrigin};
 use super::policy::{Cause, RetryPolicy, Verdict};
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use super::report::{ClientError, ClientErrorKind, RetryReport};
 
 /// An HTTP client service that sends each request with an
 /// `Idempotency-Key` (the caller's, or one made for it) and retries it,
@@ -27,15 +26,15 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 ///
 /// The inner service takes `Request<Full<Bytes>>`: the body is buffered
 /// (up to `RetryPolicy::max_body`) so it can be re-sent. Every response
-/// carries a [`Delivery`] extension.
+/// carries a [`RetryReport`] extension.
 #[derive(Debug, Clone)]
-pub struct IdempotentClient<S> {
+pub struct IdempotencyClient<S> {
     inner: S,
     policy: Arc<RetryPolicy>,
     kind: KeyKind,
 }
 
-impl<S> IdempotentClient<S> {
+impl<S> IdempotencyClient<S> {
     pub(crate) fn new(inner: S, policy: Arc<RetryPolicy>, kind: KeyKind) -> Self {
         Self {
             inner,
@@ -50,7 +49,7 @@ impl<S> IdempotentClient<S> {
     }
 }
 
-impl<S, B, RB> Service<Request<B>> for IdempotentClient<S>
+impl<S, B, RB> Service<Request<B>> for IdempotencyClient<S>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -61,8 +60,8 @@ where
     RB: Send + 'static,
 {
     type Response = Response<RB>;
-    type Error = Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<RB>, Error>> + Send>>;
+    type Error = ClientError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<RB>, ClientError>> + Send>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         // Each attempt waits for a clone of the inner service to be ready.
@@ -87,7 +86,7 @@ async fn deliver<S, B, RB>(
     policy: Arc<RetryPolicy>,
     kind: KeyKind,
     request: Request<B>,
-) -> Result<Response<RB>, Error>
+) -> Result<Response<RB>, ClientError>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<RB>> + Clone,
     S::Error: Into<BoxError>,
@@ -138,9 +137,11 @@ where
         let Some(wait) = schedule.retry(&span, cause, retry_after) else {
             return match attempt {
                 Attempt::Answered(response) => Ok(answer(response, attempts, key, origin)),
-                Attempt::Failed(cause, source) => {
-                    Err(Error::new(ErrorKind::Exhausted(cause), attempts, source))
-                }
+                Attempt::Failed(cause, source) => Err(ClientError::new(
+                    ClientErrorKind::Exhausted(cause),
+                    attempts,
+                    source,
+                )),
             };
         };
         // The answer being retried is dropped (its connection closed or
@@ -151,7 +152,7 @@ where
 }
 
 /// The body, whole, or why it cannot be re-sent.
-async fn buffer<B>(body: B, max: usize) -> Result<Bytes, Error>
+async fn buffer<B>(body: B, max: usize) -> Result<Bytes, ClientError>
 where
     B: Body,
     B::Error: Into<BoxError>,
@@ -159,9 +160,9 @@ where
     match Limited::new(body, max).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.is::<LengthLimitError>() => {
-            Err(Error::new(ErrorKind::BodyTooLarge, 0, Some(e)))
+            Err(ClientError::new(ClientErrorKind::BodyTooLarge, 0, Some(e)))
         }
-        Err(e) => Err(Error::new(ErrorKind::Body, 0, Some(e))),
+        Err(e) => Err(ClientError::new(ClientErrorKind::Body, 0, Some(e))),
     }
 }
 
@@ -192,7 +193,7 @@ fn answer<RB>(
     key: Option<HeaderValue>,
     origin: KeyOrigin,
 ) -> Response<RB> {
-    let delivery = Delivery::new(attempts, response.headers(), key, origin);
+    let delivery = RetryReport::new(attempts, response.headers(), key, origin);
     response.extensions_mut().insert(delivery);
     response
 }

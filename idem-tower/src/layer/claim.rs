@@ -7,8 +7,8 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use idem_core::store::{DynStore, OpenTransaction, TransactionalStore, TxClaim};
 use idem_core::{Duplicate, Outcome, OwnerToken};
+use idem_core::{DynStore, OpenTransaction, TransactionalStore, TxClaim};
 
 use super::answer::Answer;
 use super::future::MustFinish;
@@ -143,7 +143,7 @@ impl Claimed {
         }
     }
 
-    /// Keeps `outcome` for `retention`: completes a plain claim, commits a
+    /// Keeps `outcome` for `ttl`: completes a plain claim, commits a
     /// transaction with the handler's writes. A plain claim's failures are
     /// logged, and its response stands (the effect happened, and its key
     /// stays blocked until the lease ends); a transaction that did not
@@ -152,15 +152,15 @@ impl Claimed {
     pub(super) async fn finish(
         self,
         outcome: &Outcome,
-        retention: Duration,
+        ttl: Duration,
     ) -> Result<(), idem_core::Error> {
         match self {
             Self::Plain { guard, .. } => {
-                lease::complete(guard, outcome, retention).await;
+                lease::complete(guard, outcome, ttl).await;
                 Ok(())
             }
             Self::Transaction(transaction) => {
-                transaction.commit(outcome, retention).await?;
+                transaction.commit(outcome, ttl).await?;
                 tracing::debug!("committed the handler's writes with the outcome");
                 Ok(())
             }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll};
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+use idem_core::BoxFuture;
 
 /// The response future of [`IdempotencyService`](super::IdempotencyService).
 ///
@@ -23,7 +23,7 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// half and repeated; a claim must not outlive its client by a lease.
 pub struct ResponseFuture<T: Send + 'static> {
     /// `None` while it is being polled, and once it is done.
-    inner: Option<BoxFuture<T>>,
+    inner: Option<BoxFuture<'static, T>>,
     flags: MustFinish,
 }
 

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use idem_core::store::DynStore;
+use idem_core::DynStore;
 use idem_core::{ErrorKind, IdempotencyKey, OwnerToken};
 
 /// Owns a claim until it is completed or released. Dropped while still armed

@@ -23,7 +23,7 @@ pub(crate) struct Policy {
     pub(crate) fingerprint: FingerprintSpec,
     pub(crate) required: bool,
     pub(crate) lease: Option<Duration>,
-    pub(crate) retention: Option<Duration>,
+    pub(crate) ttl: Option<Duration>,
     pub(crate) in_flight: Option<InFlightPolicy>,
     pub(crate) route: Option<RoutePattern>,
     pub(crate) transactional: bool,
@@ -41,8 +41,8 @@ pub(super) struct Settings {
     pub(super) policy: Arc<Policy>,
     /// How long a claim holds its key from its claim or its last renewal.
     pub(super) lease: Duration,
-    /// How long a completed response is replayed.
-    pub(super) retention: Duration,
+    /// How long a completed response is kept and replayed.
+    pub(super) ttl: Duration,
     /// What a duplicate of a running request gets.
     pub(super) in_flight: InFlightPolicy,
 }
@@ -55,7 +55,7 @@ impl Settings {
             idem: idem.clone(),
             policy: policy.clone(),
             lease: policy.lease.unwrap_or(config.lease),
-            retention: policy.retention.unwrap_or(config.retention),
+            ttl: policy.ttl.unwrap_or(config.ttl),
             in_flight: policy.in_flight.unwrap_or(config.in_flight),
         }
     }
@@ -97,7 +97,7 @@ impl IdempotencyLayer {
                 fingerprint: FingerprintSpec::Request,
                 required: true,
                 lease: None,
-                retention: None,
+                ttl: None,
                 in_flight: None,
                 route: None,
                 transactional: false,
@@ -112,9 +112,11 @@ impl IdempotencyLayer {
         Arc::make_mut(&mut self.policy)
     }
 
-    /// How long this route's completed responses are replayed.
-    pub fn retention(mut self, retention: Duration) -> Self {
-        self.policy().retention = Some(retention);
+    /// How long this route's completed responses are kept and replayed;
+    /// the handle's ([`IdempotencyBuilder::ttl`](crate::IdempotencyBuilder::ttl),
+    /// 24 h by default) if unset.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.policy().ttl = Some(ttl);
         self
     }
 

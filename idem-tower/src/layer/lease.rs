@@ -88,11 +88,11 @@ async fn heartbeat(guard: &ClaimGuard, lease: Duration, route: &RouteLabel) {
 /// failure the key stays claimed until its lease ends, which blocks
 /// duplicates for that long; releasing instead would let a retry run the
 /// effect a second time.
-pub(super) async fn complete(guard: ClaimGuard, outcome: &Outcome, retention: Duration) {
+pub(super) async fn complete(guard: ClaimGuard, outcome: &Outcome, ttl: Duration) {
     for attempt in 1..=COMPLETE_ATTEMPTS {
         let err = match guard
             .store()
-            .complete(guard.key(), guard.owner(), outcome, retention)
+            .complete(guard.key(), guard.owner(), outcome, ttl)
             .await
         {
             Ok(()) => {

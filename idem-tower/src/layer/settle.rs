@@ -31,7 +31,7 @@ where
 {
     match classify(&settings, response).await {
         Classified::Final(outcome, response) => {
-            match claimed.finish(&outcome, settings.retention).await {
+            match claimed.finish(&outcome, settings.ttl).await {
                 Ok(()) => {
                     metrics::request(Handled::First, &route);
                     response

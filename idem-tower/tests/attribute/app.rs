@@ -106,10 +106,7 @@ impl IntoResponse for AppError {
     }
 }
 
-#[idempotent(
-    key = "order-create:{tenant}:{header:idempotency-key}",
-    retention = "24h"
-)]
+#[idempotent(key = "order-create:{tenant}:{header:idempotency-key}", ttl = "24h")]
 pub(crate) async fn create_order(
     State(calls): State<Calls>,
     CurrentUser(user): CurrentUser,
@@ -137,7 +134,7 @@ pub(crate) async fn charge(
     Ok((StatusCode::CREATED, format!("charge {run}")))
 }
 
-#[idempotent(key = "short:{header:idempotency-key}", retention = "1s")]
+#[idempotent(key = "short:{header:idempotency-key}", ttl = "1s")]
 pub(crate) async fn short_lived(State(calls): State<Calls>) -> String {
     format!("run {}", calls.run())
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use http::StatusCode;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use idem_tower::client::{IdempotentClientLayer, RetryPolicy};
+use idem_tower::client::{IdempotencyClientLayer, RetryPolicy};
 use tokio::task::JoinSet;
 use tower::{Layer, ServiceExt};
 
@@ -33,7 +33,7 @@ async fn two_hundred_operations_through_a_fault_proxy_make_two_hundred_orders() 
     let http = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(0)
         .build_http();
-    let client = IdempotentClientLayer::new(
+    let client = IdempotencyClientLayer::new(
         RetryPolicy::default()
             .max_attempts(20)
             .backoff(Duration::from_millis(2), Duration::from_millis(20))

@@ -23,8 +23,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use hyper_util::rt::TokioExecutor;
 use idem_tower::client::{
-    Cause, Delivery, ErrorKind, IdempotentClient, IdempotentClientLayer, KEY_HEADER, KeyOrigin,
-    RetryPolicy,
+    Cause, ClientErrorKind, IdempotencyClient, IdempotencyClientLayer, KEY_HEADER, KeyOrigin,
+    RetryPolicy, RetryReport,
 };
 use idem_tower::{Idempotency, MemoryStore};
 use tower::{Layer, ServiceExt};
@@ -134,8 +134,8 @@ fn quick() -> RetryPolicy {
         .deadline(Duration::from_secs(10))
 }
 
-fn client(policy: RetryPolicy) -> IdempotentClient<Http> {
-    IdempotentClientLayer::new(policy).layer(http())
+fn client(policy: RetryPolicy) -> IdempotencyClient<Http> {
+    IdempotencyClientLayer::new(policy).layer(http())
 }
 
 fn order(addr: SocketAddr, key: Option<&str>, body: &str) -> Request<Full<Bytes>> {
@@ -150,7 +150,7 @@ fn order(addr: SocketAddr, key: Option<&str>, body: &str) -> Request<Full<Bytes>
 }
 
 /// Status, delivery and body of a response.
-async fn read<B>(response: Response<B>) -> (StatusCode, Delivery, String)
+async fn read<B>(response: Response<B>) -> (StatusCode, RetryReport, String)
 where
     B: http_body::Body,
     B::Error: std::fmt::Debug,
@@ -158,7 +158,7 @@ where
     let status = response.status();
     let delivery = response
         .extensions()
-        .get::<Delivery>()
+        .get::<RetryReport>()
         .cloned()
         .expect("every response carries its delivery");
     let body = response
@@ -369,7 +369,7 @@ async fn connection_errors_are_retried_then_returned() {
         .await
         .expect_err("nobody answers");
 
-    assert_eq!(error.kind(), ErrorKind::Exhausted(Cause::Connection));
+    assert_eq!(error.kind(), ClientErrorKind::Exhausted(Cause::Connection));
     assert_eq!(error.attempts(), 3);
     assert!(std::error::Error::source(&error).is_some());
 }
@@ -399,7 +399,7 @@ async fn the_deadline_stops_retries() {
             delivery.attempts
         }
         Err(error) => {
-            assert_eq!(error.kind(), ErrorKind::Exhausted(Cause::Timeout));
+            assert_eq!(error.kind(), ClientErrorKind::Exhausted(Cause::Timeout));
             error.attempts()
         }
     };
@@ -418,7 +418,7 @@ async fn an_oversize_body_is_refused_before_sending() {
         .await
         .expect_err("too large");
 
-    assert_eq!(error.kind(), ErrorKind::BodyTooLarge);
+    assert_eq!(error.kind(), ClientErrorKind::BodyTooLarge);
     assert_eq!(error.attempts(), 0);
     assert_eq!(server.arrivals.load(Ordering::SeqCst), 0);
 }

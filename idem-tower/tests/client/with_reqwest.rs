@@ -1,25 +1,25 @@
-//! The same policy through reqwest-middleware: `IdempotentMiddleware` on a
+//! The same policy through reqwest-middleware: `IdempotencyMiddleware` on a
 //! `reqwest::Client`, against the same loopback server.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use http::StatusCode;
-use idem_tower::client::{Delivery, IdempotentMiddleware, KEY_HEADER, KeyOrigin, RetryPolicy};
+use idem_tower::client::{IdempotencyMiddleware, KEY_HEADER, KeyOrigin, RetryPolicy, RetryReport};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 
 use super::{Server, quick};
 
 fn client(policy: RetryPolicy) -> ClientWithMiddleware {
     ClientBuilder::new(reqwest::Client::new())
-        .with(IdempotentMiddleware::new(policy))
+        .with(IdempotencyMiddleware::new(policy))
         .build()
 }
 
-fn delivery(response: &reqwest::Response) -> Delivery {
+fn delivery(response: &reqwest::Response) -> RetryReport {
     response
         .extensions()
-        .get::<Delivery>()
+        .get::<RetryReport>()
         .cloned()
         .expect("every response carries its delivery")
 }

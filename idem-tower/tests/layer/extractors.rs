@@ -300,3 +300,33 @@ async fn a_stateful_extractor_resolves_with_the_layers_state() {
     assert!(unwired.text().contains("with_state"), "{unwired:?}");
     assert_eq!(calls.get(), 1);
 }
+
+/// `(status, HandlerRan)` alone is a marked, empty response: a handler's
+/// own deterministic 4xx is kept and replayed, not taken for an
+/// extractor's refusal (which would free the key and run it again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bodyless_marked_response_is_kept() {
+    let calls = Calls::default();
+    let idem = Idempotency::new(MemoryStore::new());
+    let layer = idem
+        .layer_with_key("refund:{header:idempotency-key}")
+        .expect("a valid template")
+        .require_handler_ran();
+    let counted = calls.clone();
+    let refuse = move || {
+        let calls = counted.clone();
+        async move {
+            calls.run();
+            (StatusCode::UNPROCESSABLE_ENTITY, HandlerRan)
+        }
+    };
+    let app = Router::new().route("/refunds", axum_post(refuse).layer(layer));
+
+    let first = send(&app, post("/refunds", Some("k-empty"), ORDER)).await;
+    assert_eq!(first.status, StatusCode::UNPROCESSABLE_ENTITY, "{first:?}");
+    assert!(!first.replayed());
+    let again = send(&app, post("/refunds", Some("k-empty"), ORDER)).await;
+    assert_eq!(again.status, StatusCode::UNPROCESSABLE_ENTITY, "{again:?}");
+    assert!(again.replayed(), "{again:?}");
+    assert_eq!(calls.get(), 1, "the handler ran once");
+}

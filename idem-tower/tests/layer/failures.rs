@@ -13,7 +13,7 @@ use axum::body::Body;
 use futures_util::{FutureExt, StreamExt};
 use http::{Request, Response, StatusCode};
 use idem_core::{Claim, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
-use idem_tower::store::IdempotencyStore;
+use idem_tower::core::IdempotencyStore;
 use idem_tower::{Idempotency, InFlightPolicy, MemoryStore};
 use tower::{Layer, ServiceExt, service_fn};
 
@@ -332,9 +332,9 @@ impl IdempotencyStore for CountsClaims {
         key: &IdempotencyKey,
         owner: &OwnerToken,
         outcome: &Outcome,
-        retention: Duration,
+        ttl: Duration,
     ) -> Result<(), idem_core::Error> {
-        self.store.complete(key, owner, outcome, retention).await
+        self.store.complete(key, owner, outcome, ttl).await
     }
 
     async fn release(

@@ -135,8 +135,8 @@ async fn claim_and_write<DB: TestSql>(
     };
     let handle = tx.handle();
     let slot = handle.slot::<DB>().expect("a transaction on this database");
-    let mut lease = slot.lease().await;
-    let conn: &mut DB::Connection = lease.as_mut().expect("an open transaction");
+    let mut guard = slot.lock().await;
+    let conn: &mut DB::Connection = guard.as_mut().expect("an open transaction");
     DB::exec_on(
         conn,
         format!("INSERT INTO {EFFECTS} (k) VALUES ('{nonce}')"),

@@ -22,7 +22,7 @@ use crate::{BoxError, Error};
 /// ```
 /// use idem_core::BoxError;
 /// use idem_core::guards::{PendingEvent, Published, Publisher};
-/// use idem_core::store::BoxFuture;
+/// use idem_core::BoxFuture;
 ///
 /// /// Prints instead of publishing.
 /// struct Stdout;

@@ -154,7 +154,7 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
         key_hash: &[u8; 32],
         owner: &OwnerToken,
         outcome: &[u8],
-        retention_ms: i64,
+        ttl_ms: i64,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
     /// `true` if the row was ours and is now gone.
@@ -235,16 +235,9 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
         queries: &Queries,
         args: ClaimArgs<'_>,
         outcome: &[u8],
-        retention_ms: i64,
+        ttl_ms: i64,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send {
-        Self::complete(
-            conn,
-            queries,
-            args.key_hash,
-            args.owner,
-            outcome,
-            retention_ms,
-        )
+        Self::complete(conn, queries, args.key_hash, args.owner, outcome, ttl_ms)
     }
 
     /// After the claim statement, on every path: sets how long the

@@ -22,7 +22,7 @@ pub struct Queries {
     pub(crate) purge: Arc<str>,
     /// Where a transactional claim holds its key by a lock alone
     /// (PostgreSQL): the completed row, inserted at commit or taking over an
-    /// expired one (key hash, key, fingerprint, outcome, retention in ms).
+    /// expired one (key hash, key, fingerprint, outcome, ttl in ms).
     /// `None` on the other databases, which complete the claim's row.
     #[cfg(feature = "postgres")]
     pub(crate) insert_completed: Option<Arc<str>>,
@@ -123,7 +123,7 @@ impl RecordRow {
 
 /// The methods whose Rust side is the same on every database: the SQL of
 /// each dialect takes the same parameters in the same order (read: key hash;
-/// complete: outcome, retention in ms, key hash, owner; release: key hash,
+/// complete: outcome, ttl in ms, key hash, owner; release: key hash,
 /// owner; renew: lease in ms, key hash, owner; purge: batch).
 macro_rules! shared_statements {
     ($conn:ty) => {
@@ -145,11 +145,11 @@ macro_rules! shared_statements {
             key_hash: &[u8; 32],
             owner: &OwnerToken,
             outcome: &[u8],
-            retention_ms: i64,
+            ttl_ms: i64,
         ) -> Result<bool, sqlx::Error> {
             let done = sqlx::query(AssertSqlSafe(q.complete.clone()))
                 .bind(outcome)
-                .bind(retention_ms)
+                .bind(ttl_ms)
                 .bind(&key_hash[..])
                 .bind(&owner.as_bytes()[..])
                 .execute(&mut *conn)

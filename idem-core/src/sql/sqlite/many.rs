@@ -67,12 +67,12 @@ fn claim_sql(table: &str) -> String {
 fn complete_sql(table: &str) -> String {
     format!(
         "UPDATE {table} AS r SET state = 'C', owner = NULL, \
-           outcome = unhex(c.value ->> 'u'), expires_at = {retention_end} \
+           outcome = unhex(c.value ->> 'u'), expires_at = {ttl_end} \
          FROM json_each(?1) AS c \
          WHERE r.key_hash = unhex(c.value ->> 'h') AND r.state = 'I' \
            AND r.owner = unhex(c.value ->> 'o') \
          RETURNING key_hash",
-        retention_end = Sqlite::now_plus_ms("(c.value ->> 'r')"),
+        ttl_end = Sqlite::now_plus_ms("(c.value ->> 'r')"),
     )
 }
 
@@ -146,7 +146,7 @@ pub(super) async fn complete(
                 key_hash,
                 owner,
                 outcome,
-                retention_ms,
+                ttl_ms,
             } if first_of_key(&mut keys, key_hash) => Some((
                 i,
                 key_hash,
@@ -154,7 +154,7 @@ pub(super) async fn complete(
                     h: hex::encode(key_hash),
                     o: hex::encode(owner.as_bytes()),
                     u: hex::encode(outcome),
-                    r: *retention_ms,
+                    r: *ttl_ms,
                 },
             )),
             _ => None,

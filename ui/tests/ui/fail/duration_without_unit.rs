@@ -1,6 +1,6 @@
 use idem_tower::idempotent;
 
-#[idempotent(key = "order:{header:idempotency-key}", retention = "24")]
+#[idempotent(key = "order:{header:idempotency-key}", ttl = "24")]
 async fn create_order() {}
 
 fn main() {}

@@ -1,6 +1,6 @@
 use idem_tower::idempotent;
 
-#[idempotent(retention = "24h")]
+#[idempotent(ttl = "24h")]
 async fn create_order() {}
 
 fn main() {}

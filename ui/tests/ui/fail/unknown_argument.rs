@@ -1,6 +1,6 @@
 use idem_tower::idempotent;
 
-#[idempotent(key = "order:{header:idempotency-key}", retntion = "24h")]
+#[idempotent(key = "order:{header:idempotency-key}", tll = "24h")]
 async fn create_order() {}
 
 fn main() {}

@@ -14,7 +14,7 @@ use serde_json::Value;
 
 #[idempotent(
     key = "pay:{path:payment_no}",
-    retention = "7days",
+    ttl = "7days",
     lease = "1m 30s",
     required = true,
     in_flight = "wait(5s)",
@@ -38,7 +38,7 @@ async fn transfer(Json(body): Json<Value>) -> Json<Value> {
     Json(body)
 }
 
-#[idempotent(key = "search:{query:ref}", required = false, retention = "10m")]
+#[idempotent(key = "search:{query:ref}", required = false, ttl = "10m")]
 async fn search(Query(params): Query<HashMap<String, String>>, idem: Idempotency) -> String {
     format!("{} {}", params.len(), idem.key_header())
 }

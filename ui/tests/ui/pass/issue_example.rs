@@ -61,7 +61,7 @@ impl IntoResponse for AppError {
 /// Creates an order.
 #[idempotent(
     key = "order-create:{tenant}:{user}:{header:idempotency-key}",
-    retention = "24h"
+    ttl = "24h"
 )]
 async fn create_order(
     State(_db): State<Db>,

@@ -4,15 +4,16 @@
 use std::fmt;
 
 use http::{HeaderMap, HeaderValue};
+use idem_core::BoxError;
 
 use super::key::KeyOrigin;
 use super::policy::Cause;
 
 /// How a response was obtained, in its extensions:
-/// `response.extensions().get::<Delivery>()`.
+/// `response.extensions().get::<RetryReport>()`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct Delivery {
+pub struct RetryReport {
     /// Attempts made, this answer's included (1 if it came at once).
     pub attempts: u32,
     /// The server replayed a stored answer (`Idempotent-Replayed: true`):
@@ -25,7 +26,7 @@ pub struct Delivery {
     pub origin: KeyOrigin,
 }
 
-impl Delivery {
+impl RetryReport {
     pub(crate) fn new(
         attempts: u32,
         headers: &HeaderMap,
@@ -45,12 +46,10 @@ impl Delivery {
     }
 }
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
 /// Why a request through the client layer has no answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum ErrorKind {
+pub enum ClientErrorKind {
     /// The request body is larger than `RetryPolicy::max_body`; nothing was
     /// sent.
     BodyTooLarge,
@@ -63,14 +62,14 @@ pub enum ErrorKind {
 
 /// A request that went through the client layer without an answer.
 #[derive(Debug)]
-pub struct Error {
-    kind: ErrorKind,
+pub struct ClientError {
+    kind: ClientErrorKind,
     attempts: u32,
     source: Option<BoxError>,
 }
 
-impl Error {
-    pub(crate) fn new(kind: ErrorKind, attempts: u32, source: Option<BoxError>) -> Self {
+impl ClientError {
+    pub(crate) fn new(kind: ClientErrorKind, attempts: u32, source: Option<BoxError>) -> Self {
         Self {
             kind,
             attempts,
@@ -79,7 +78,7 @@ impl Error {
     }
 
     /// What went wrong.
-    pub fn kind(&self) -> ErrorKind {
+    pub fn kind(&self) -> ClientErrorKind {
         self.kind
     }
 
@@ -89,22 +88,24 @@ impl Error {
     }
 }
 
-impl fmt::Display for Error {
+impl fmt::Display for ClientError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.kind {
-            ErrorKind::BodyTooLarge => f.write_str("request body too large to buffer for retries"),
-            ErrorKind::Body => f.write_str("request body failed"),
-            ErrorKind::Exhausted(Cause::Timeout) => {
+            ClientErrorKind::BodyTooLarge => {
+                f.write_str("request body too large to buffer for retries")
+            }
+            ClientErrorKind::Body => f.write_str("request body failed"),
+            ClientErrorKind::Exhausted(Cause::Timeout) => {
                 write!(f, "request timed out after {} attempt(s)", self.attempts)
             }
-            ErrorKind::Exhausted(_) => {
+            ClientErrorKind::Exhausted(_) => {
                 write!(f, "request failed after {} attempt(s)", self.attempts)
             }
         }
     }
 }
 
-impl std::error::Error for Error {
+impl std::error::Error for ClientError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         self.source
             .as_deref()
