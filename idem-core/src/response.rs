@@ -6,8 +6,10 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
 /// A response as it is stored and replayed: status, the allow-listed headers
-/// (repeated and non-UTF-8 values kept as they were) and the body. A clone
-/// shares the headers and the body; it copies neither.
+/// (repeated and non-UTF-8 values kept as they were), the body and, if the
+/// response ended with trailers (gRPC's `grpc-status`, say), the kept
+/// trailers. A clone shares the headers, the trailers and the body; it
+/// copies none of them.
 ///
 /// ```
 /// use idem_core::StoredResponse;
@@ -17,12 +19,18 @@ use http::{HeaderMap, StatusCode};
 /// headers.insert(header::LOCATION, "/orders/7".parse().unwrap());
 /// let stored = StoredResponse::new(StatusCode::CREATED, headers, r#"{"order_id":7}"#);
 /// assert_eq!(stored.status(), StatusCode::CREATED);
+///
+/// let mut trailers = HeaderMap::new();
+/// trailers.insert("grpc-status", "0".parse().unwrap());
+/// let stored = stored.with_trailers(trailers);
+/// assert_eq!(stored.trailers().unwrap()["grpc-status"], "0");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredResponse {
     status: StatusCode,
     headers: Arc<HeaderMap>,
     body: Bytes,
+    trailers: Option<Arc<HeaderMap>>,
 }
 
 impl StoredResponse {
@@ -33,7 +41,21 @@ impl StoredResponse {
             status,
             headers: Arc::new(headers),
             body: body.into(),
+            trailers: None,
         }
+    }
+
+    /// The same response, ending with `trailers` (already filtered to the
+    /// ones worth replaying). An empty map is no trailers.
+    #[must_use]
+    pub fn with_trailers(mut self, trailers: HeaderMap) -> Self {
+        self.trailers = (!trailers.is_empty()).then(|| Arc::new(trailers));
+        self
+    }
+
+    /// The stored trailers, if the response had any worth replaying.
+    pub fn trailers(&self) -> Option<&HeaderMap> {
+        self.trailers.as_deref()
     }
 
     /// The status code.
@@ -59,12 +81,12 @@ impl StoredResponse {
 
     /// Approximate size in bytes, for capacity accounting.
     pub fn size(&self) -> usize {
-        self.body.len()
-            + self
-                .headers
-                .iter()
+        let fields = |map: &HeaderMap| {
+            map.iter()
                 .map(|(k, v)| k.as_str().len() + v.len())
                 .sum::<usize>()
+        };
+        self.body.len() + fields(&self.headers) + self.trailers().map_or(0, fields)
     }
 }
 

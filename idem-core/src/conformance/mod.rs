@@ -83,7 +83,15 @@ fn response(body: &'static str) -> Outcome {
     headers.append("link", HeaderValue::from_static("</a>; rel=a"));
     headers.append("link", HeaderValue::from_static("</b>; rel=b"));
     headers.insert("x-raw", HeaderValue::from_bytes(b"\xfe\xffok").unwrap());
-    Outcome::Response(StoredResponse::new(StatusCode::CREATED, headers, body))
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    trailers.insert(
+        "grpc-status-details-bin",
+        HeaderValue::from_bytes(b"\x08\x00").unwrap(),
+    );
+    Outcome::Response(
+        StoredResponse::new(StatusCode::CREATED, headers, body).with_trailers(trailers),
+    )
 }
 
 /// Claims `key`, which must be free, and returns its owner.

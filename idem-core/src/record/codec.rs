@@ -8,8 +8,13 @@
 //! byte 1      b'I' in flight | b'C' completed
 //! in flight:  owner[16] fingerprint[32]
 //! completed:  fingerprint[32] then b'N' (not replayable)
-//!             or b'R' status:u16 headers:u16 {name_len:u16 name value_len:u32 value}* body_len:u32 body
+//!             or b'R' status:u16 fields body_len:u32 body
+//!             or b'T' status:u16 fields body_len:u32 body fields    (with trailers)
+//! fields:     count:u16 {name_len:u16 name value_len:u32 value}*
 //! ```
+//!
+//! A response without trailers is written as `R`, as before trailers were
+//! kept, so that a record any version wrote is read by every version since.
 //! All integers big-endian.
 
 use std::fmt;
@@ -105,52 +110,73 @@ fn encode_outcome(out: &mut BytesMut, outcome: &Outcome) {
         Outcome::NotReplayable => out.put_u8(b'N'),
         Outcome::Response(response) => {
             out.reserve(response.size() + 16);
-            out.put_u8(b'R');
+            out.put_u8(if response.trailers().is_some() {
+                b'T'
+            } else {
+                b'R'
+            });
             out.put_u16(response.status().as_u16());
-            let headers = response.headers();
-            out.put_u16(u16::try_from(headers.len()).unwrap_or(u16::MAX));
-            for (name, value) in headers.iter().take(usize::from(u16::MAX)) {
-                // Header names are at most 64 KiB by http's own limit.
-                out.put_u16(name.as_str().len() as u16);
-                out.put_slice(name.as_str().as_bytes());
-                out.put_u32(value.len() as u32);
-                out.put_slice(value.as_bytes());
-            }
+            encode_fields(out, response.headers());
             out.put_u32(response.body().len() as u32);
             out.put_slice(response.body());
+            if let Some(trailers) = response.trailers() {
+                encode_fields(out, trailers);
+            }
         }
     }
+}
+
+fn encode_fields(out: &mut BytesMut, fields: &HeaderMap) {
+    out.put_u16(u16::try_from(fields.len()).unwrap_or(u16::MAX));
+    for (name, value) in fields.iter().take(usize::from(u16::MAX)) {
+        // Header names are at most 64 KiB by http's own limit.
+        out.put_u16(name.as_str().len() as u16);
+        out.put_slice(name.as_str().as_bytes());
+        out.put_u32(value.len() as u32);
+        out.put_slice(value.as_bytes());
+    }
+}
+
+fn decode_fields(buf: &mut &[u8]) -> Result<HeaderMap, DecodeError> {
+    let count = take_u16(buf)?;
+    // Each field takes at least 7 bytes (2 + name + 4 + value), so the
+    // bytes present bound the count whatever the input claims; the fallible
+    // calls turn http's own limits into errors.
+    let capacity = usize::from(count).min(buf.len() / 7);
+    let mut fields =
+        HeaderMap::try_with_capacity(capacity).map_err(|_| DecodeError::Invalid("header count"))?;
+    for _ in 0..count {
+        let len = usize::from(take_u16(buf)?);
+        let name = HeaderName::from_bytes(take_slice(buf, len)?)
+            .map_err(|_| DecodeError::Invalid("header name"))?;
+        let len = take_u32(buf)? as usize;
+        let value = HeaderValue::from_bytes(take_slice(buf, len)?)
+            .map_err(|_| DecodeError::Invalid("header value"))?;
+        fields
+            .try_append(name, value)
+            .map_err(|_| DecodeError::Invalid("header count"))?;
+    }
+    Ok(fields)
 }
 
 fn decode_outcome(buf: &mut &[u8]) -> Result<Outcome, DecodeError> {
     match take_u8(buf)? {
         b'N' => Ok(Outcome::NotReplayable),
-        b'R' => {
+        tag @ (b'R' | b'T') => {
             let status =
                 StatusCode::from_u16(take_u16(buf)?).map_err(|_| DecodeError::Invalid("status"))?;
-            let count = take_u16(buf)?;
-            // Each header takes at least 7 bytes (2 + name + 4 + value), so
-            // the bytes present bound the count whatever the input claims;
-            // the fallible calls turn http's own limits into errors.
-            let capacity = usize::from(count).min(buf.len() / 7);
-            let mut headers = HeaderMap::try_with_capacity(capacity)
-                .map_err(|_| DecodeError::Invalid("header count"))?;
-            for _ in 0..count {
-                let len = usize::from(take_u16(buf)?);
-                let name = HeaderName::from_bytes(take_slice(buf, len)?)
-                    .map_err(|_| DecodeError::Invalid("header name"))?;
-                let len = take_u32(buf)? as usize;
-                let value = HeaderValue::from_bytes(take_slice(buf, len)?)
-                    .map_err(|_| DecodeError::Invalid("header value"))?;
-                headers
-                    .try_append(name, value)
-                    .map_err(|_| DecodeError::Invalid("header count"))?;
-            }
+            let headers = decode_fields(buf)?;
             let len = take_u32(buf)? as usize;
             let body = Bytes::copy_from_slice(take_slice(buf, len)?);
-            Ok(Outcome::Response(StoredResponse::new(
-                status, headers, body,
-            )))
+            let mut response = StoredResponse::new(status, headers, body);
+            if tag == b'T' {
+                let trailers = decode_fields(buf)?;
+                if trailers.is_empty() {
+                    return Err(DecodeError::Invalid("empty trailers"));
+                }
+                response = response.with_trailers(trailers);
+            }
+            Ok(Outcome::Response(response))
         }
         other => Err(DecodeError::Tag(other)),
     }
@@ -248,6 +274,31 @@ mod tests {
         };
         let links: Vec<_> = r.headers().get_all("link").iter().collect();
         assert_eq!(links, ["<a>", "<b>"]);
+    }
+
+    #[test]
+    fn round_trips_trailers_and_writes_a_response_without_them_as_before() {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("3"));
+        trailers.insert("grpc-message", HeaderValue::from_static("bad%20amount"));
+        trailers.insert(
+            "grpc-status-details-bin",
+            HeaderValue::from_bytes(b"CAM").unwrap(),
+        );
+        let plain = StoredResponse::new(StatusCode::OK, HeaderMap::new(), &b"\x00\x00"[..]);
+        let with = Outcome::Response(plain.clone().with_trailers(trailers.clone()));
+        let encoded = with.encode();
+        assert_eq!(encoded[0], b'T');
+        let Outcome::Response(decoded) = Outcome::decode(&encoded).unwrap() else {
+            panic!("expected a response")
+        };
+        assert_eq!(decoded.trailers(), Some(&trailers));
+        assert_eq!(Outcome::Response(decoded), with);
+
+        // Without trailers: the `R` layout records written before trailers
+        // were kept have, byte for byte.
+        let without = Outcome::Response(plain.with_trailers(HeaderMap::new())).encode();
+        assert_eq!(&without[..], b"R\x00\xc8\x00\x00\x00\x00\x00\x02\x00\x00");
     }
 
     #[test]

@@ -115,10 +115,12 @@ fn duplicate<B: Body>(
     }
 }
 
-/// The stored response as it was sent, marked `Idempotent-Replayed: true`.
+/// The stored response as it was sent, its trailers too, marked
+/// `Idempotent-Replayed: true`.
 fn replay<B: Body>(stored: StoredResponse) -> Response<ResponseBody<B>> {
+    let trailers = stored.trailers().cloned();
     let (status, headers, body) = stored.into_parts();
-    let mut response = Response::new(ResponseBody::full(body));
+    let mut response = Response::new(ResponseBody::full_with_trailers(body, trailers));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     response.headers_mut().insert(

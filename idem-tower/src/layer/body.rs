@@ -5,13 +5,14 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 pin_project! {
     /// The body of every response from an
     /// [`IdempotencyService`](crate::layer::IdempotencyService): a buffered
-    /// one (stored, replayed, or a problem), the service's own (passed
+    /// one with its trailers (stored, replayed, or a problem), the service's own (passed
     /// through), or a buffered prefix followed by the rest of the service's
     /// (a response too large to store).
     pub struct ResponseBody<B: Body> {
@@ -23,7 +24,7 @@ pin_project! {
 pin_project! {
     #[project = KindProj]
     enum Kind<B: Body> {
-        Full { data: Option<Bytes> },
+        Full { data: Option<Bytes>, trailers: Option<HeaderMap> },
         Inner { #[pin] inner: B },
         Prefixed { prefix: Option<Bytes>, inner: Pin<Box<B>> },
         Failed { prefix: Option<Bytes>, error: Option<B::Error> },
@@ -32,9 +33,15 @@ pin_project! {
 
 impl<B: Body> ResponseBody<B> {
     pub(crate) fn full(data: Bytes) -> Self {
+        Self::full_with_trailers(data, None)
+    }
+
+    /// `data`, then `trailers` if there are any.
+    pub(crate) fn full_with_trailers(data: Bytes, trailers: Option<HeaderMap>) -> Self {
         Self {
             kind: Kind::Full {
                 data: (!data.is_empty()).then_some(data),
+                trailers,
             },
         }
     }
@@ -81,7 +88,12 @@ impl<B: Body<Data = Bytes>> Body for ResponseBody<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         match self.project().kind.project() {
-            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Full { data, trailers } => Poll::Ready(
+                data.take()
+                    .map(Frame::data)
+                    .or_else(|| trailers.take().map(Frame::trailers))
+                    .map(Ok),
+            ),
             KindProj::Inner { inner } => inner.poll_frame(cx),
             KindProj::Prefixed { prefix, inner } => match prefix.take() {
                 Some(p) => Poll::Ready(Some(Ok(Frame::data(p)))),
@@ -96,7 +108,7 @@ impl<B: Body<Data = Bytes>> Body for ResponseBody<B> {
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Full { data } => data.is_none(),
+            Kind::Full { data, trailers } => data.is_none() && trailers.is_none(),
             Kind::Inner { inner } => inner.is_end_stream(),
             Kind::Prefixed { prefix, inner } => prefix.is_none() && inner.is_end_stream(),
             Kind::Failed { prefix, error } => prefix.is_none() && error.is_none(),
@@ -105,7 +117,7 @@ impl<B: Body<Data = Bytes>> Body for ResponseBody<B> {
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Full { data } => {
+            Kind::Full { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
             Kind::Inner { inner } => inner.size_hint(),

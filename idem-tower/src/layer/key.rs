@@ -99,6 +99,28 @@ pub(super) async fn target(
     Ok(Some(Target { key, fingerprint }))
 }
 
+/// Whether an optional key is absent from the request's head, so that the
+/// request passes through without its body being read: the route does not
+/// require its key, the template reads nothing of the body, and the head
+/// carries none of the key's client-supplied parts. (A key that reads the
+/// body can only be found absent once the body is read, in [`target`].)
+pub(super) async fn absent_from_head(
+    settings: &Settings,
+    parts: &mut Parts,
+    route: Option<&Arc<str>>,
+) -> bool {
+    let policy = &*settings.policy;
+    if policy.required || policy.template.reads_body() {
+        return false;
+    }
+    let route = route.map_or_else(|| Arc::from(parts.uri.path()), Arc::clone);
+    let params = path_params(parts, policy).await;
+    let view = RequestView::new(&parts.method, &route, &parts.headers)
+        .path_params(&params)
+        .query(parts.uri.query());
+    no_client_part(policy, &view)
+}
+
 /// Whether the request carries none of the key's client-supplied parts: the
 /// only case an optional key lets through undeduplicated.
 fn no_client_part(policy: &Policy, view: &RequestView<'_>) -> bool {

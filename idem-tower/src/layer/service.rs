@@ -94,12 +94,19 @@ where
         return Ok(inner.call(request).await?.map(ResponseBody::inner));
     }
 
-    // Read the request: who is calling (the resolvers run first), then the body.
+    // Read the request: who is calling (the resolvers run first), then,
+    // unless the head already says the request carries no key, the body.
     let (mut parts, body) = request.into_parts();
     let caller = match read::caller(&settings, &mut parts).await {
         Ok(caller) => caller,
         Err(answer) => return Ok(answer.respond(&settings, &label)),
     };
+    if key::absent_from_head(&settings, &mut parts, route.as_ref()).await {
+        tracing::debug!("no idempotency key on an optional route; passing through");
+        metrics::request(Handled::Unkeyed, &label);
+        let request = Request::from_parts(parts, body);
+        return Ok(inner.call(request).await?.map(ResponseBody::inner));
+    }
     let body = match read::body(&settings, &parts.headers, body).await {
         Ok(body) => body,
         Err(answer) => return Ok(answer.respond(&settings, &label)),

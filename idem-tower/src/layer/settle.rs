@@ -94,10 +94,15 @@ where
     }
     let (parts, body) = response.into_parts();
     let (outcome, body) = match buffer_response(body, config.max_stored_response).await {
-        Buffered::Whole(bytes) => {
+        Buffered::Whole(bytes, trailers) => {
             let headers = replay_headers(settings, &parts.headers);
-            let stored = StoredResponse::new(status, headers, bytes.clone());
-            (Outcome::Response(stored), ResponseBody::full(bytes))
+            let kept = trailers
+                .as_ref()
+                .map(|t| replay_trailers(settings, t))
+                .unwrap_or_default();
+            let stored = StoredResponse::new(status, headers, bytes.clone()).with_trailers(kept);
+            let body = ResponseBody::full_with_trailers(bytes, trailers);
+            (Outcome::Response(stored), body)
         }
         Buffered::Partial(prefix, rest) => {
             tracing::warn!(
@@ -117,7 +122,8 @@ where
 
 /// What became of a response body read for storage.
 enum Buffered<B: Body> {
-    Whole(Bytes),
+    /// The whole body, and the trailers it ended with.
+    Whole(Bytes, Option<HeaderMap>),
     /// Over the cap: the part read, and the rest still to stream.
     Partial(Bytes, Pin<Box<B>>),
     /// The body failed after this much.
@@ -128,20 +134,26 @@ enum Buffered<B: Body> {
 async fn buffer_response<B: Body<Data = Bytes>>(body: B, cap: usize) -> Buffered<B> {
     let mut body = Box::pin(body);
     let mut read = Read::Nothing;
+    let mut trailers: Option<HeaderMap> = None;
     while let Some(frame) = body.frame().await {
         match frame {
-            Ok(frame) => {
-                if let Ok(data) = frame.into_data() {
+            Ok(frame) => match frame.into_data() {
+                Ok(data) => {
                     read.push(data);
                     if read.len() > cap {
                         return Buffered::Partial(read.into_bytes(), body);
                     }
                 }
-            }
+                Err(frame) => {
+                    if let Ok(more) = frame.into_trailers() {
+                        trailers.get_or_insert_with(HeaderMap::new).extend(more);
+                    }
+                }
+            },
             Err(err) => return Buffered::Failed(read.into_bytes(), err),
         }
     }
-    Buffered::Whole(read.into_bytes())
+    Buffered::Whole(read.into_bytes(), trailers)
 }
 
 /// What [`buffer_response`] has read so far. A body of one data frame (a
@@ -185,6 +197,22 @@ impl Read {
         }
     }
 }
+
+/// The trailers a replay repeats: those the headers' allow-list keeps, and
+/// always gRPC's status, message and details, which are the outcome of a
+/// gRPC call.
+fn replay_trailers(settings: &Settings, trailers: &HeaderMap) -> HeaderMap {
+    let mut kept = HeaderMap::new();
+    for (name, value) in trailers {
+        if GRPC_STATUS_TRAILERS.contains(&name.as_str()) || settings.idem.replays(name) {
+            kept.append(name.clone(), value.clone());
+        }
+    }
+    kept
+}
+
+/// The trailers that carry a gRPC call's status.
+const GRPC_STATUS_TRAILERS: [&str; 3] = ["grpc-status", "grpc-message", "grpc-status-details-bin"];
 
 /// The response headers a replay repeats: the handle's allow-list, less
 /// those never replayed.

@@ -22,3 +22,4 @@ mod leases;
 mod replay;
 #[cfg(feature = "axum")]
 mod router;
+mod streams;

@@ -1,0 +1,149 @@
+//! What the layer leaves to stream and what it keeps beyond the body: a
+//! request whose optional key is absent from its head passes through with
+//! its body unread, and a final response's trailers are sent and replayed.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::{BodyExt, StreamBody};
+use idem_tower::{Idempotency, MemoryStore};
+use tower::{Layer, ServiceExt};
+
+use crate::fixtures::counting;
+use crate::support::{Calls, KEY_HEADER};
+
+/// A body of `data`, then `trailers`.
+fn with_trailers(
+    data: &'static str,
+    trailers: HeaderMap,
+) -> StreamBody<impl futures_util::Stream<Item = Result<Frame<Bytes>, Infallible>>> {
+    StreamBody::new(futures_util::stream::iter([
+        Ok(Frame::data(Bytes::from_static(data.as_bytes()))),
+        Ok(Frame::trailers(trailers)),
+    ]))
+}
+
+/// The status, the replay marker, the body and the trailers of a response.
+async fn read<B>(response: Response<B>) -> (StatusCode, bool, Bytes, Option<HeaderMap>)
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::fmt::Debug,
+{
+    let status = response.status();
+    let replayed = response.headers().contains_key("idempotent-replayed");
+    let collected = response.into_body().collect().await.expect("a whole body");
+    let trailers = collected.trailers().cloned();
+    (status, replayed, collected.to_bytes(), trailers)
+}
+
+fn keyed(key: &str) -> Request<Body> {
+    Request::post("/payments.Payments/Charge")
+        .header(KEY_HEADER, key)
+        .body(Body::from("charge 500"))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_final_responses_trailers_are_sent_and_replayed() {
+    let calls = Calls::default();
+    let inner = counting(&calls, |_, _| async move {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("0"));
+        trailers.insert("grpc-message", HeaderValue::from_static("charged"));
+        trailers.insert("x-debug-trace", HeaderValue::from_static("internal"));
+        Response::new(with_trailers("charge-1", trailers))
+    });
+    let service = Idempotency::new(MemoryStore::new()).layer().layer(inner);
+
+    let first = read(service.clone().oneshot(keyed("k-trailers")).await.unwrap()).await;
+    let (status, replayed, body, trailers) = first;
+    assert_eq!(
+        (status, replayed, &body[..]),
+        (StatusCode::OK, false, &b"charge-1"[..])
+    );
+    let trailers = trailers.expect("the first response keeps its trailers");
+    assert_eq!(trailers["grpc-status"], "0");
+    assert_eq!(
+        trailers["x-debug-trace"], "internal",
+        "sent as the service sent them"
+    );
+
+    for _ in 0..3 {
+        let (status, replayed, again, trailers) =
+            read(service.clone().oneshot(keyed("k-trailers")).await.unwrap()).await;
+        assert_eq!(
+            (status, replayed, &again[..]),
+            (StatusCode::OK, true, &body[..])
+        );
+        let trailers = trailers.expect("a replay sends the stored trailers");
+        assert_eq!(trailers["grpc-status"], "0");
+        assert_eq!(trailers["grpc-message"], "charged");
+        assert!(
+            !trailers.contains_key("x-debug-trace"),
+            "trailers follow the headers' allow-list: {trailers:?}"
+        );
+    }
+    assert_eq!(calls.get(), 1, "the service ran once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_response_without_trailers_is_replayed_without_them() {
+    let calls = Calls::default();
+    let inner = counting(&calls, |n, _| async move {
+        Response::new(http_body_util::Full::new(Bytes::from(format!("n={n}"))))
+    });
+    let service = Idempotency::new(MemoryStore::new()).layer().layer(inner);
+    let first = read(service.clone().oneshot(keyed("k-plain")).await.unwrap()).await;
+    let again = read(service.clone().oneshot(keyed("k-plain")).await.unwrap()).await;
+    assert_eq!((first.3, again.3), (None, None));
+    assert!(again.1, "replayed");
+    assert_eq!(again.2, first.2);
+    assert_eq!(calls.get(), 1);
+}
+
+/// An optional route's request without its key is decided from the head:
+/// its body is never buffered, so a body that is still streaming (a client
+/// stream, a long upload) reaches the service as it comes. Buffering it
+/// first would wait for an end that does not come before the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unkeyed_request_on_an_optional_route_streams_its_body_unread() {
+    let calls = Calls::default();
+    let inner = counting(&calls, |_, request: Request<Body>| async move {
+        let mut body = request.into_body();
+        let first = body.frame().await.expect("a frame").expect("data");
+        let data = first.into_data().expect("a data frame");
+        Response::new(http_body_util::Full::new(data))
+    });
+    let layer = Idempotency::new(MemoryStore::new())
+        .layer_with_key("upload:{header:idempotency-key}")
+        .unwrap()
+        .required(false);
+    let service = layer.layer(inner);
+
+    let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(4);
+    sender
+        .send(Ok(Bytes::from_static(b"chunk-1")))
+        .await
+        .unwrap();
+    let stream = futures_util::stream::unfold(receiver, |mut receiver| async move {
+        receiver.recv().await.map(|chunk| (chunk, receiver))
+    });
+    let request = Request::post("/uploads")
+        .body(Body::from_stream(stream))
+        .unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(10), service.oneshot(request))
+        .await
+        .expect("answered while the request body is still open")
+        .unwrap();
+    let (status, replayed, body, _) = read(response).await;
+    assert_eq!(
+        (status, replayed, &body[..]),
+        (StatusCode::OK, false, &b"chunk-1"[..])
+    );
+    assert_eq!(calls.get(), 1);
+    drop(sender);
+}
