@@ -17,6 +17,19 @@
 //! Every response the layer writes itself is `application/problem+json`
 //! with a [`Problem`](crate::Problem) type of its own.
 //!
+//! A stored response keeps its trailers, sent after its body on the first
+//! response and on every replay: gRPC's `grpc-status`, `grpc-message` and
+//! `grpc-status-details-bin` always, others under the headers' allow-list.
+//! A gRPC response (`content-type: application/grpc*`) is final by its
+//! `grpc-status`, in its trailers or, trailers-only, in its headers: `OK`,
+//! `INVALID_ARGUMENT`, `NOT_FOUND`, `ALREADY_EXISTS`, `FAILED_PRECONDITION`
+//! and `OUT_OF_RANGE` are kept and replayed; any other code (`UNAVAILABLE`,
+//! `INTERNAL`, ...) or none releases the key, so a retry runs.
+//!
+//! On a route whose key is optional ([`IdempotencyLayer::required`]`(false)`)
+//! and does not read the body, a request whose head carries none of the
+//! key's parts passes through with its body unread, streaming.
+//!
 //! A claim whose service fails (5xx or another non-final status), returns
 //! an error or panics is released, so the client can retry with the same key
 //! at once. A client that disconnects does not cancel a service that has
@@ -57,13 +70,14 @@
 // the fingerprint), `claim` (the key claimed in the store or in a
 // transaction, and held as one value either way), `lease` (a plain claim
 // renewed while the service runs, and completed), `settle` (the outcome kept
-// or the key let go). `answer` writes the responses the layer gives itself;
+// or the key let go; `grpc` reads a gRPC call's outcome). `answer` writes the responses the layer gives itself;
 // `layer` holds the route's settings.
 
 mod answer;
 mod body;
 mod claim;
 mod future;
+mod grpc;
 mod guard;
 mod key;
 #[allow(clippy::module_inception)]

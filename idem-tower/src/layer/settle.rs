@@ -12,6 +12,7 @@ use idem_core::{Outcome, StoredResponse};
 
 use super::answer::Answer;
 use super::claim::Claimed;
+use super::grpc;
 use super::layer::Settings;
 use crate::HandlerRan;
 use crate::layer::ResponseBody;
@@ -92,13 +93,24 @@ where
     if !(config.final_status)(status) {
         return Classified::NotFinal(response.map(ResponseBody::inner));
     }
+    let grpc = grpc::is_grpc(response.headers());
+    // A trailers-only gRPC response carries its status in its headers.
+    if grpc && grpc::status(response.headers()).is_some_and(|code| !grpc::is_final(code)) {
+        return Classified::NotFinal(response.map(ResponseBody::inner));
+    }
     let (parts, body) = response.into_parts();
     let (outcome, body) = match buffer_response(body, config.max_stored_response).await {
+        Buffered::Whole(bytes, trailers)
+            if grpc && !grpc::ended_final(&parts.headers, trailers.as_ref()) =>
+        {
+            let body = ResponseBody::full_with_trailers(bytes, trailers);
+            return Classified::NotFinal(Response::from_parts(parts, body));
+        }
         Buffered::Whole(bytes, trailers) => {
-            let headers = replay_headers(settings, &parts.headers);
+            let headers = replay_fields(settings, &parts.headers);
             let kept = trailers
                 .as_ref()
-                .map(|t| replay_trailers(settings, t))
+                .map(|t| replay_fields(settings, t))
                 .unwrap_or_default();
             let stored = StoredResponse::new(status, headers, bytes.clone()).with_trailers(kept);
             let body = ResponseBody::full_with_trailers(bytes, trailers);
@@ -198,12 +210,13 @@ impl Read {
     }
 }
 
-/// The trailers a replay repeats: those the headers' allow-list keeps, and
-/// always gRPC's status, message and details, which are the outcome of a
-/// gRPC call.
-fn replay_trailers(settings: &Settings, trailers: &HeaderMap) -> HeaderMap {
+/// The headers, or trailers, a replay repeats: those the handle's
+/// allow-list keeps (less those never replayed), and always gRPC's status,
+/// message and details, which are a gRPC call's outcome (in the trailers,
+/// or in the headers of a trailers-only response).
+fn replay_fields(settings: &Settings, fields: &HeaderMap) -> HeaderMap {
     let mut kept = HeaderMap::new();
-    for (name, value) in trailers {
+    for (name, value) in fields {
         if GRPC_STATUS_TRAILERS.contains(&name.as_str()) || settings.idem.replays(name) {
             kept.append(name.clone(), value.clone());
         }
@@ -211,17 +224,5 @@ fn replay_trailers(settings: &Settings, trailers: &HeaderMap) -> HeaderMap {
     kept
 }
 
-/// The trailers that carry a gRPC call's status.
+/// The fields that carry a gRPC call's status.
 const GRPC_STATUS_TRAILERS: [&str; 3] = ["grpc-status", "grpc-message", "grpc-status-details-bin"];
-
-/// The response headers a replay repeats: the handle's allow-list, less
-/// those never replayed.
-fn replay_headers(settings: &Settings, headers: &HeaderMap) -> HeaderMap {
-    let mut kept = HeaderMap::new();
-    for (name, value) in headers {
-        if settings.idem.replays(name) {
-            kept.append(name.clone(), value.clone());
-        }
-    }
-    kept
-}
