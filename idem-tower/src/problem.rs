@@ -9,6 +9,20 @@ use http::{HeaderValue, Response, StatusCode, header};
 ///
 /// Each is `application/problem+json` with its own `type`, so clients can
 /// tell "fix the request" (400, 413, 422) from "try again later" (409, 503).
+///
+/// On a gRPC call (`content-type: application/grpc*`) each is instead a
+/// trailers-only gRPC status (HTTP 200, no message) with a percent-encoded
+/// `grpc-message` naming the cause:
+///
+/// | problem | gRPC status |
+/// |---|---|
+/// | key missing or invalid, body unreadable | `INVALID_ARGUMENT` (3) |
+/// | message over the cap | `RESOURCE_EXHAUSTED` (8) |
+/// | key reused for another request | `FAILED_PRECONDITION` (9): not retried, use a new key |
+/// | in flight | `ABORTED` (10), with `grpc-retry-pushback-ms`: retry the call with the same key |
+/// | completed, not replayable | `ALREADY_EXISTS` (6): it ran, and will not run again |
+/// | store unavailable | `UNAVAILABLE` (14), with `grpc-retry-pushback-ms` |
+/// | misconfigured, transaction missing | `INTERNAL` (13) |
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Problem {
@@ -76,6 +90,35 @@ impl Problem {
             Self::InFlight { .. } | Self::NotReplayable => StatusCode::CONFLICT,
             Self::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::TransactionMissing | Self::Misconfigured(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The gRPC status code of this problem on a gRPC call (see the table
+    /// above).
+    pub fn grpc_code(&self) -> u32 {
+        match self {
+            Self::KeyMissing(_) | Self::KeyInvalid(_) | Self::BodyUnreadable => 3,
+            Self::BodyTooLarge { .. } => 8,
+            Self::FingerprintMismatch => 9,
+            Self::InFlight { .. } => 10,
+            Self::NotReplayable => 6,
+            Self::StoreUnavailable { .. } => 14,
+            Self::TransactionMissing | Self::Misconfigured(_) => 13,
+        }
+    }
+
+    /// `title: detail`, the `grpc-message` of this problem on a gRPC call.
+    pub(crate) fn message(&self) -> String {
+        format!("{}: {}", self.title(), self.detail())
+    }
+
+    /// When to retry, for the problems that say.
+    pub(crate) fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::InFlight { retry_after } | Self::StoreUnavailable { retry_after } => {
+                Some(*retry_after)
+            }
+            _ => None,
         }
     }
 

@@ -85,10 +85,8 @@ fn response(body: &'static str) -> Outcome {
     headers.insert("x-raw", HeaderValue::from_bytes(b"\xfe\xffok").unwrap());
     let mut trailers = HeaderMap::new();
     trailers.insert("grpc-status", HeaderValue::from_static("0"));
-    trailers.insert(
-        "grpc-status-details-bin",
-        HeaderValue::from_bytes(b"\x08\x00").unwrap(),
-    );
+    // Binary metadata travels base64-encoded: this is `08 00`.
+    trailers.insert("grpc-status-details-bin", HeaderValue::from_static("CAA"));
     Outcome::Response(
         StoredResponse::new(StatusCode::CREATED, headers, body).with_trailers(trailers),
     )

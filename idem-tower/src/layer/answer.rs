@@ -7,6 +7,7 @@ use http::{HeaderValue, Response};
 use http_body::Body;
 use idem_core::{Duplicate, Outcome, StoredResponse};
 
+use super::grpc::OwnAnswer;
 use super::layer::Settings;
 use crate::Idempotency;
 use crate::layer::ResponseBody;
@@ -34,7 +35,9 @@ pub(super) enum Answer {
 }
 
 impl Answer {
-    /// The response, counted on `route`.
+    /// The response, counted on `route`; what the layer decided is in its
+    /// extensions ([`OwnAnswer`]), except for a replay, which is the first
+    /// response's own.
     pub(super) fn respond<B: Body>(
         self,
         settings: &Settings,
@@ -47,7 +50,9 @@ impl Answer {
                     "the caller's identity was refused; nothing claimed"
                 );
                 metrics::request(Handled::NotRun, route);
-                rejection.map(ResponseBody::full)
+                let mut response = rejection.map(ResponseBody::full);
+                response.extensions_mut().insert(OwnAnswer::Refused);
+                response
             }
             Self::Rejected(problem) => {
                 let outcome = match problem {
@@ -56,12 +61,12 @@ impl Answer {
                     _ => Handled::InvalidKey,
                 };
                 metrics::request(outcome, route);
-                problem.to_response()
+                own(problem)
             }
             Self::Misconfigured(why) => {
                 metrics::request(Handled::Misconfigured, route);
                 tracing::error!(route = &**route, "idempotency misconfigured: {why}");
-                Problem::Misconfigured(why).to_response()
+                own(Problem::Misconfigured(why))
             }
             Self::Unavailable(err) => {
                 metrics::request(Handled::StoreError, route);
@@ -69,10 +74,9 @@ impl Answer {
                     error = %err,
                     "idempotency store unavailable; handler not called or its writes not kept"
                 );
-                Problem::StoreUnavailable {
+                own(Problem::StoreUnavailable {
                     retry_after: settings.config().unavailable_retry_after,
-                }
-                .to_response()
+                })
             }
             Self::Duplicate(dup) => duplicate(dup, settings, route),
         }
@@ -97,7 +101,7 @@ fn duplicate<B: Body>(
         Duplicate::Replay(Outcome::NotReplayable) => {
             metrics::request(Handled::NotReplayable, route);
             tracing::info!("completed without a replayable response");
-            Problem::NotReplayable.to_response()
+            own(Problem::NotReplayable)
         }
         Duplicate::InFlight {
             retry_after: lease_left,
@@ -105,14 +109,24 @@ fn duplicate<B: Body>(
             metrics::request(Handled::InFlight, route);
             let retry_after = settings.config().in_flight_retry_after.min(lease_left);
             tracing::info!(?retry_after, "duplicate of a request in flight");
-            Problem::InFlight { retry_after }.to_response()
+            own(Problem::InFlight { retry_after })
         }
         Duplicate::Mismatch => {
             metrics::request(Handled::Mismatch, route);
             tracing::warn!("idempotency key reused with a different request");
-            Problem::FingerprintMismatch.to_response()
+            own(Problem::FingerprintMismatch)
         }
     }
+}
+
+/// `problem` as the layer's own answer: a problem+json response, marked
+/// with what it says for [`own_answer_as_status`](super::grpc::own_answer_as_status).
+fn own<B: Body>(problem: Problem) -> Response<ResponseBody<B>> {
+    let mut response = problem.to_response();
+    response
+        .extensions_mut()
+        .insert(OwnAnswer::Problem(problem));
+    response
 }
 
 /// The stored response as it was sent, its trailers too, marked

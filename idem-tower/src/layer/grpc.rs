@@ -2,8 +2,29 @@
 //! says is its `grpc-status`, in its trailers or, for a trailers-only
 //! response, in its headers. OK and the deterministic client errors are
 //! final; every other code lets the key go, so the call can be retried.
+//! The layer's own answers to a gRPC call are gRPC statuses too.
 
-use http::{HeaderMap, header};
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
+use http_body::Body;
+use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
+
+use crate::Problem;
+use crate::layer::ResponseBody;
+
+/// What `grpc-message` percent-encodes: controls, `%`, and (as any
+/// percent-encoding does) every byte outside ASCII.
+const GRPC_MESSAGE: &AsciiSet = &CONTROLS.add(b'%');
+
+/// Marks a response the layer wrote itself, with what it decided, so that
+/// on a gRPC call it is sent as a gRPC status instead.
+#[derive(Debug, Clone)]
+pub(super) enum OwnAnswer {
+    /// One of the layer's problems.
+    Problem(Problem),
+    /// A resolver's rejection (such as a 401), as its HTTP status.
+    Refused,
+}
 
 /// The gRPC status codes that are the call's own, final answer: `OK`,
 /// `INVALID_ARGUMENT`, `NOT_FOUND`, `ALREADY_EXISTS`,
@@ -53,6 +74,59 @@ pub(super) fn ended_final(headers: &HeaderMap, trailers: Option<&HeaderMap>) -> 
         .is_some_and(is_final)
 }
 
+/// `response` as the call's gRPC status if the layer wrote it itself: a
+/// trailers-only reply whose `grpc-status` and `grpc-message` say why, and
+/// `grpc-retry-pushback-ms` when to retry. Any other response (the
+/// service's, or a replay) is returned as it is.
+pub(super) fn own_answer_as_status<B: Body>(
+    response: Response<ResponseBody<B>>,
+) -> Response<ResponseBody<B>> {
+    let Some(own) = response.extensions().get::<OwnAnswer>() else {
+        return response;
+    };
+    let (code, message, retry_after) = match own {
+        OwnAnswer::Problem(problem) => (
+            problem.grpc_code(),
+            problem.message(),
+            problem.retry_after(),
+        ),
+        OwnAnswer::Refused => (
+            code_of_http(response.status()),
+            format!("refused before the call ran: HTTP {}", response.status()),
+            None,
+        ),
+    };
+    let mut status = Response::new(ResponseBody::full(Bytes::new()));
+    let headers = status.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    headers.insert("grpc-status", HeaderValue::from(code));
+    let message = utf8_percent_encode(&message, GRPC_MESSAGE).to_string();
+    if let Ok(message) = HeaderValue::from_str(&message) {
+        headers.insert("grpc-message", message);
+    }
+    if let Some(retry_after) = retry_after {
+        let millis = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX);
+        headers.insert("grpc-retry-pushback-ms", HeaderValue::from(millis));
+    }
+    status
+}
+
+/// The gRPC code of an HTTP status, as gRPC's own HTTP-to-gRPC mapping
+/// gives it.
+fn code_of_http(status: StatusCode) -> u32 {
+    match status.as_u16() {
+        400 => 13,
+        401 => 16,
+        403 => 7,
+        404 => 12,
+        429 | 502..=504 => 14,
+        _ => 2,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use http::HeaderValue;
@@ -69,6 +143,46 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    #[test]
+    fn an_own_answer_becomes_a_trailers_only_status_and_others_pass() {
+        let problem = Problem::InFlight {
+            retry_after: std::time::Duration::from_millis(1500),
+        };
+        let mut response: Response<ResponseBody<http_body_util::Empty<Bytes>>> =
+            problem.to_response();
+        response
+            .extensions_mut()
+            .insert(OwnAnswer::Problem(problem));
+        let status = own_answer_as_status(response);
+        assert_eq!(status.status(), StatusCode::OK);
+        let h = status.headers();
+        assert_eq!(h["content-type"], "application/grpc");
+        assert_eq!(h["grpc-status"], "10");
+        assert_eq!(h["grpc-retry-pushback-ms"], "1500");
+        assert!(
+            h["grpc-message"]
+                .to_str()
+                .unwrap()
+                .starts_with("A request with this idempotency key is in progress"),
+            "{h:?}"
+        );
+        assert!(http_body::Body::is_end_stream(status.body()));
+
+        let service: Response<ResponseBody<http_body_util::Empty<Bytes>>> =
+            Response::new(ResponseBody::full(Bytes::from_static(b"x")));
+        assert!(
+            !own_answer_as_status(service)
+                .headers()
+                .contains_key("grpc-status")
+        );
+    }
+
+    #[test]
+    fn grpc_message_is_percent_encoded() {
+        let encoded = utf8_percent_encode("50% off: café\n", GRPC_MESSAGE).to_string();
+        assert_eq!(encoded, "50%25 off: caf%C3%A9%0A");
     }
 
     #[test]

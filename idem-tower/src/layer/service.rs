@@ -14,7 +14,7 @@ use tracing::Instrument;
 use super::claim::Claimed;
 use super::future::MustFinish;
 use super::layer::Settings;
-use super::{ResponseFuture, claim, key, read, settle};
+use super::{ResponseFuture, claim, grpc, key, read, settle};
 use crate::layer::ResponseBody;
 use crate::metrics::{self, Handled, RouteLabel};
 
@@ -62,7 +62,20 @@ where
             key = tracing::field::Empty
         );
         let settings = self.settings.clone();
-        ResponseFuture::new(|attempt| through(settings, ready, request, attempt).instrument(span))
+        let grpc = grpc::is_grpc(request.headers());
+        ResponseFuture::new(move |attempt| {
+            let reply = through(settings, ready, request, attempt);
+            async move {
+                let response = reply.await?;
+                // A gRPC client reads the layer's own answers as statuses.
+                Ok(if grpc {
+                    grpc::own_answer_as_status(response)
+                } else {
+                    response
+                })
+            }
+            .instrument(span)
+        })
     }
 }
 

@@ -10,8 +10,9 @@ use std::time::Duration;
 use axum::body::Body;
 use bytes::Bytes;
 use futures_util::StreamExt;
-use http::{HeaderValue, Request, Response, StatusCode, header};
-use http_body_util::Full;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
+use http_body::Frame;
+use http_body_util::{BodyExt, Full, StreamBody};
 use tower::{Service, ServiceExt, service_fn};
 
 use crate::support::{Calls, KEY_HEADER, Reply, post};
@@ -117,4 +118,28 @@ pub(crate) fn created(n: usize) -> Response<Full<Bytes>> {
 /// The body of [`created`]`(n)`.
 pub(crate) fn order_body(n: usize) -> String {
     format!(r#"{{"order_id":{n}}}"#)
+}
+
+/// A body of `data`, then `trailers`.
+pub(crate) fn with_trailers(
+    data: &'static str,
+    trailers: HeaderMap,
+) -> StreamBody<impl futures_util::Stream<Item = Result<Frame<Bytes>, Infallible>>> {
+    StreamBody::new(futures_util::stream::iter([
+        Ok(Frame::data(Bytes::from_static(data.as_bytes()))),
+        Ok(Frame::trailers(trailers)),
+    ]))
+}
+
+/// The status, the replay marker, the body and the trailers of a response.
+pub(crate) async fn read<B>(response: Response<B>) -> (StatusCode, bool, Bytes, Option<HeaderMap>)
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::fmt::Debug,
+{
+    let status = response.status();
+    let replayed = response.headers().contains_key("idempotent-replayed");
+    let collected = response.into_body().collect().await.expect("a whole body");
+    let trailers = collected.trailers().cloned();
+    (status, replayed, collected.to_bytes(), trailers)
 }

@@ -17,6 +17,7 @@ mod callers;
 #[cfg(feature = "axum")]
 mod extractors;
 mod failures;
+mod grpc;
 mod keys;
 mod leases;
 mod replay;

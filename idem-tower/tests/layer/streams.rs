@@ -8,37 +8,12 @@ use std::time::Duration;
 use axum::body::Body;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
-use http_body::Frame;
-use http_body_util::{BodyExt, StreamBody};
+use http_body_util::BodyExt;
 use idem_tower::{Idempotency, MemoryStore};
 use tower::{Layer, ServiceExt};
 
-use crate::fixtures::counting;
+use crate::fixtures::{counting, read, with_trailers};
 use crate::support::{Calls, KEY_HEADER};
-
-/// A body of `data`, then `trailers`.
-fn with_trailers(
-    data: &'static str,
-    trailers: HeaderMap,
-) -> StreamBody<impl futures_util::Stream<Item = Result<Frame<Bytes>, Infallible>>> {
-    StreamBody::new(futures_util::stream::iter([
-        Ok(Frame::data(Bytes::from_static(data.as_bytes()))),
-        Ok(Frame::trailers(trailers)),
-    ]))
-}
-
-/// The status, the replay marker, the body and the trailers of a response.
-async fn read<B>(response: Response<B>) -> (StatusCode, bool, Bytes, Option<HeaderMap>)
-where
-    B: http_body::Body<Data = Bytes>,
-    B::Error: std::fmt::Debug,
-{
-    let status = response.status();
-    let replayed = response.headers().contains_key("idempotent-replayed");
-    let collected = response.into_body().collect().await.expect("a whole body");
-    let trailers = collected.trailers().cloned();
-    (status, replayed, collected.to_bytes(), trailers)
-}
 
 fn keyed(key: &str) -> Request<Body> {
     Request::post("/payments.Payments/Charge")
@@ -146,84 +121,4 @@ async fn an_unkeyed_request_on_an_optional_route_streams_its_body_unread() {
     );
     assert_eq!(calls.get(), 1);
     drop(sender);
-}
-
-/// A gRPC reply, `grpc-status` in its trailers (or, trailers-only, in its
-/// headers with no body).
-fn grpc_reply(code: &'static str, trailers_only: bool) -> Response<Body> {
-    let mut status = HeaderMap::new();
-    status.insert("grpc-status", HeaderValue::from_static(code));
-    let builder = Response::builder().header("content-type", "application/grpc");
-    if trailers_only {
-        let mut response = builder.body(Body::empty()).unwrap();
-        response.headers_mut().extend(status);
-        response
-    } else {
-        builder
-            .body(Body::new(with_trailers("\0\0\0\0\x02ok", status)))
-            .unwrap()
-    }
-}
-
-fn grpc_call(key: &str) -> Request<Body> {
-    Request::post("/payments.Payments/Charge")
-        .header("content-type", "application/grpc")
-        .header(KEY_HEADER, key)
-        .body(Body::from(&b"\0\0\0\0\x03amt"[..]))
-        .unwrap()
-}
-
-/// gRPC errors are HTTP 200: the outcome is the `grpc-status`. A transient
-/// code, in the trailers or trailers-only, releases the key (the retry
-/// runs); a deterministic one is kept and replayed with its status.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_grpc_calls_outcome_is_its_grpc_status() {
-    for trailers_only in [false, true] {
-        let calls = Calls::default();
-        let inner = counting(&calls, move |n, _| async move {
-            // UNAVAILABLE, then INVALID_ARGUMENT, then (never reached) OK.
-            let code = match n {
-                1 => "14",
-                2 => "3",
-                _ => "0",
-            };
-            grpc_reply(code, trailers_only)
-        });
-        let service = Idempotency::new(MemoryStore::new()).layer().layer(inner);
-        let status_of = |(_, _, _, trailers): &(StatusCode, bool, Bytes, Option<HeaderMap>),
-                         headers: &HeaderMap| {
-            trailers
-                .as_ref()
-                .and_then(|t| t.get("grpc-status"))
-                .or_else(|| headers.get("grpc-status"))
-                .cloned()
-        };
-
-        let response = service.clone().oneshot(grpc_call("k-grpc")).await.unwrap();
-        let headers = response.headers().clone();
-        let unavailable = read(response).await;
-        assert_eq!(status_of(&unavailable, &headers).unwrap(), "14");
-        assert!(!unavailable.1);
-
-        for attempt in 0..3 {
-            let response = service.clone().oneshot(grpc_call("k-grpc")).await.unwrap();
-            let headers = response.headers().clone();
-            let reply = read(response).await;
-            assert_eq!(
-                status_of(&reply, &headers).unwrap(),
-                "3",
-                "trailers-only {trailers_only}, attempt {attempt}"
-            );
-            assert_eq!(
-                reply.1,
-                attempt > 0,
-                "the retry runs, its duplicates replay"
-            );
-        }
-        assert_eq!(
-            calls.get(),
-            2,
-            "UNAVAILABLE released the key, INVALID_ARGUMENT kept it"
-        );
-    }
 }
