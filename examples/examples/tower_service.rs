@@ -7,7 +7,8 @@
 //! ```
 //!
 //! Needs no server: it calls the service in process with `oneshot`, as any
-//! tower-based server (hyper, tonic, ...) would, and prints each answer.
+//! tower-based server (hyper, or tonic with the `grpc` feature) would, and
+//! prints each answer.
 //! `idem.layer()` instead keys by method, route and the `Idempotency-Key`
 //! header, with no template to write.
 #![allow(clippy::print_stdout, reason = "the example prints what happened")]

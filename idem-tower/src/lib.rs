@@ -168,6 +168,9 @@
 //!   a lock), on the SQL and Redis features enabled.
 //! - `nats`: the outbox relay's NATS JetStream publisher
 //!   (`idem_tower::core::guards::JetStreamPublisher`; implies `guards`).
+//! - `grpc`: tonic servers: the layer takes tonic's request body and
+//!   forwards `NamedService`; gRPC calls are settled by their
+//!   `grpc-status` and answered with gRPC statuses (see [`layer`]).
 //! - `test-util`: the store conformance suite.
 //! - `client`: the caller's half, `client::IdempotencyClientLayer` for
 //!   tower HTTP clients: one `Idempotency-Key` per logical request, retried;

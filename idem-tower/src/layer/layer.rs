@@ -26,6 +26,8 @@ pub(crate) struct Policy {
     pub(crate) ttl: Option<Duration>,
     pub(crate) in_flight: Option<InFlightPolicy>,
     pub(crate) route: Option<RoutePattern>,
+    /// The request paths deduplicated, if not all.
+    pub(crate) only: Option<Arc<[Box<str>]>>,
     pub(crate) transactional: bool,
     pub(crate) scope: KeyScope,
     pub(crate) require_handler_ran: bool,
@@ -100,6 +102,7 @@ impl IdempotencyLayer {
                 ttl: None,
                 in_flight: None,
                 route: None,
+                only: None,
                 transactional: false,
                 scope: KeyScope::Caller,
                 require_handler_ran: false,
@@ -194,6 +197,26 @@ impl IdempotencyLayer {
     /// What the fingerprint covers ([`FingerprintSpec::Request`]).
     pub fn fingerprint(mut self, spec: FingerprintSpec) -> Self {
         self.policy().fingerprint = spec;
+        self
+    }
+
+    /// Deduplicates only requests to these paths, such as the gRPC methods
+    /// that make effects (`/payments.Payments/Charge`); every other request
+    /// passes through untouched, decided from its head, its body streaming
+    /// both ways and no key asked of it. This is how one layer sits on a
+    /// whole tonic server beside its health service, reflection and
+    /// streaming calls.
+    ///
+    /// ```
+    /// use idem_tower::{Idempotency, MemoryStore};
+    ///
+    /// let layer = Idempotency::new(MemoryStore::new())
+    ///     .layer()
+    ///     .only(["/payments.Payments/Charge", "/payments.Payments/Refund"]);
+    /// # let _ = layer;
+    /// ```
+    pub fn only<P: Into<Box<str>>>(mut self, paths: impl IntoIterator<Item = P>) -> Self {
+        self.policy().only = Some(paths.into_iter().map(Into::into).collect());
         self
     }
 

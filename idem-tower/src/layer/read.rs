@@ -23,6 +23,16 @@ pub(super) fn passes_through(settings: &Settings, method: &Method) -> bool {
     settings.config().safe_methods_pass_through && safe
 }
 
+/// Whether the request's path is outside the paths the layer is limited
+/// to ([`IdempotencyLayer::only`](super::IdempotencyLayer::only)).
+pub(super) fn not_selected(settings: &Settings, path: &str) -> bool {
+    settings
+        .policy
+        .only
+        .as_ref()
+        .is_some_and(|only| !only.iter().any(|p| &**p == path))
+}
+
 /// The request's tenant and user, as the handle's resolvers find them.
 #[derive(Default)]
 pub(super) struct Caller {

@@ -14,7 +14,7 @@ use tracing::Instrument;
 use super::claim::Claimed;
 use super::future::MustFinish;
 use super::layer::Settings;
-use super::{ResponseFuture, claim, grpc, key, read, settle};
+use super::{RebuildBody, ResponseFuture, claim, grpc, key, read, settle};
 use crate::layer::ResponseBody;
 use crate::metrics::{self, Handled, RouteLabel};
 
@@ -23,6 +23,13 @@ use crate::metrics::{self, Handled, RouteLabel};
 pub struct IdempotencyService<S> {
     inner: S,
     settings: Settings,
+}
+
+/// A generated tonic server keeps its name behind the layer, so the layer
+/// can wrap one service: `Server::builder().add_service(layer.layer(svc))`.
+#[cfg(feature = "grpc")]
+impl<S: tonic::server::NamedService> tonic::server::NamedService for IdempotencyService<S> {
+    const NAME: &'static str = S::NAME;
 }
 
 impl<S> IdempotencyService<S> {
@@ -38,7 +45,7 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send,
     S::Error: Send,
-    ReqBody: Body + From<Bytes> + Send + 'static,
+    ReqBody: RebuildBody + Send + 'static,
     ReqBody::Data: Send,
     ReqBody::Error: Into<BoxError>,
     ResBody: Body<Data = Bytes> + Send + 'static,
@@ -95,7 +102,7 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send,
     S::Error: Send,
-    ReqBody: Body + From<Bytes> + Send + 'static,
+    ReqBody: RebuildBody + Send + 'static,
     ReqBody::Error: Into<BoxError>,
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Send,
@@ -104,6 +111,10 @@ where
     let label = route.clone().unwrap_or_else(metrics::unknown_route);
     if read::passes_through(&settings, request.method()) {
         metrics::request(Handled::SafeMethod, &label);
+        return Ok(inner.call(request).await?.map(ResponseBody::inner));
+    }
+    if read::not_selected(&settings, request.uri().path()) {
+        metrics::request(Handled::Unkeyed, &label);
         return Ok(inner.call(request).await?.map(ResponseBody::inner));
     }
 
@@ -131,7 +142,7 @@ where
         Ok(None) => {
             tracing::debug!("no idempotency key on an optional route; passing through");
             metrics::request(Handled::Unkeyed, &label);
-            let request = Request::from_parts(parts, ReqBody::from(body));
+            let request = Request::from_parts(parts, ReqBody::rebuild(body));
             return Ok(inner.call(request).await?.map(ResponseBody::inner));
         }
         Err(answer) => return Ok(answer.respond(&settings, &label)),
@@ -174,12 +185,12 @@ async fn call_and_settle<S, ReqBody, ResBody>(
 ) -> Reply<ResBody, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ReqBody: Body + From<Bytes>,
+    ReqBody: RebuildBody,
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Send,
 {
     claimed.lend(&mut parts.extensions);
-    let request = Request::from_parts(parts, ReqBody::from(body));
+    let request = Request::from_parts(parts, ReqBody::rebuild(body));
     let call = async { inner.call(request).await };
     let called = AssertUnwindSafe(claimed.hold(call, &label))
         .catch_unwind()

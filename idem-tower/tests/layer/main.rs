@@ -18,6 +18,8 @@ mod callers;
 mod extractors;
 mod failures;
 mod grpc;
+#[cfg(feature = "grpc")]
+mod grpc_server;
 mod keys;
 mod leases;
 mod replay;

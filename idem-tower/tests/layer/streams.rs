@@ -122,3 +122,49 @@ async fn an_unkeyed_request_on_an_optional_route_streams_its_body_unread() {
     assert_eq!(calls.get(), 1);
     drop(sender);
 }
+
+/// A layer limited to some paths lets every other request through from its
+/// head: no key asked of it, its body streaming unread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_path_the_layer_is_not_limited_to_passes_through_unread() {
+    let calls = Calls::default();
+    let inner = counting(&calls, |_, request: Request<Body>| async move {
+        let mut body = request.into_body();
+        let data = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        Response::new(http_body_util::Full::new(data))
+    });
+    let service = Idempotency::new(MemoryStore::new())
+        .layer()
+        .only(["/payments.Payments/Charge"])
+        .layer(inner);
+
+    let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(4);
+    sender
+        .send(Ok(Bytes::from_static(b"watching")))
+        .await
+        .unwrap();
+    let stream = futures_util::stream::unfold(receiver, |mut receiver| async move {
+        receiver.recv().await.map(|chunk| (chunk, receiver))
+    });
+    let watch = Request::post("/grpc.health.v1.Health/Watch")
+        .body(Body::from_stream(stream))
+        .unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(10), service.clone().oneshot(watch))
+        .await
+        .expect("answered while the request stream is open")
+        .unwrap();
+    let (status, _, body, _) = read(response).await;
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"watching"[..]));
+    drop(sender);
+
+    let unkeyed_charge = Request::post("/payments.Payments/Charge")
+        .body(Body::from("charge"))
+        .unwrap();
+    let refused = service.oneshot(unkeyed_charge).await.unwrap();
+    assert_eq!(
+        refused.status(),
+        StatusCode::BAD_REQUEST,
+        "a selected path needs its key"
+    );
+    assert_eq!(calls.get(), 1, "only the unselected call ran");
+}
