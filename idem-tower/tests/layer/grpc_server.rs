@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::uri::PathAndQuery;
-use idem_tower::{Idempotency, MemoryStore, Resolver};
+use idem_tower::{Idempotency, InFlightPolicy, MemoryStore, Resolver};
 use tonic::server::{NamedService, UnaryService};
 use tonic::transport::{Channel, Server};
 use tonic::{Code, Status};
@@ -98,6 +98,8 @@ impl UnaryService<ChargeRequest> for Charge {
 enum Wiring {
     ServerWide,
     OneService,
+    /// Around one service, duplicates of a running call waiting for it.
+    Waiting,
 }
 
 /// Serves `Payments` behind the layer on a loopback port; a channel to it.
@@ -122,6 +124,15 @@ async fn serve(wiring: Wiring, calls: &Calls) -> Channel {
                 .unwrap(),
             Wiring::OneService => Server::builder()
                 .add_service(idem.layer().layer(payments))
+                .serve_with_incoming(incoming)
+                .await
+                .unwrap(),
+            Wiring::Waiting => Server::builder()
+                .add_service(
+                    idem.layer()
+                        .in_flight(InFlightPolicy::Wait(Duration::from_secs(5)))
+                        .layer(payments),
+                )
                 .serve_with_incoming(incoming)
                 .await
                 .unwrap(),
@@ -271,4 +282,26 @@ async fn a_server_wide_layer_leaves_the_other_methods_alone() {
     let missing = charge(&channel, None, 500).await.unwrap_err();
     assert_eq!(missing.code(), Code::InvalidArgument);
     assert_eq!(calls.get(), 2);
+}
+
+/// Under `InFlightPolicy::Wait`, 20 concurrent calls with one key run once,
+/// and every one of them gets its reply: the first's, replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiting_duplicates_of_a_running_call_all_get_its_reply() {
+    let calls = Calls::default();
+    let channel = serve(Wiring::Waiting, &calls).await;
+    let racing: Vec<_> = (0..20)
+        .map(|_| {
+            let channel = channel.clone();
+            tokio::spawn(async move { charge(&channel, Some("k-wait"), 900).await })
+        })
+        .collect();
+    let mut replies = Vec::new();
+    for call in racing {
+        let reply = call.await.unwrap().expect("every caller gets the reply");
+        replies.push((reply.get_ref().charge_id, replayed(&reply)));
+    }
+    assert_eq!(calls.get(), 1, "one run for 20 calls");
+    assert!(replies.iter().all(|(id, _)| *id == 1), "{replies:?}");
+    assert_eq!(replies.iter().filter(|(_, r)| !r).count(), 1, "{replies:?}");
 }
