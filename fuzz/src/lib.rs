@@ -282,6 +282,18 @@ mod seeds {
             HeaderMap::new(),
             Bytes::new(),
         ));
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("3"));
+        trailers.insert("grpc-message", HeaderValue::from_static("bad%20amount"));
+        trailers.insert("grpc-status-details-bin", HeaderValue::from_static("CAM"));
+        let with_trailers = Outcome::Response(
+            StoredResponse::new(
+                StatusCode::OK,
+                HeaderMap::new(),
+                &b"\x00\x00\x00\x00\x00"[..],
+            )
+            .with_trailers(trailers),
+        );
         vec![
             (
                 "seed-in-flight",
@@ -315,7 +327,16 @@ mod seeds {
                 }
                 .encode(),
             ),
+            (
+                "seed-completed-trailers",
+                Record::Completed {
+                    fingerprint,
+                    outcome: with_trailers.clone(),
+                }
+                .encode(),
+            ),
             ("seed-outcome-response", response.encode()),
+            ("seed-outcome-trailers", with_trailers.encode()),
             (
                 "seed-outcome-not-replayable",
                 Outcome::NotReplayable.encode(),
