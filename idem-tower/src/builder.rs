@@ -100,6 +100,7 @@ impl IdempotencyBuilder {
                 replay_headers: Self::DEFAULT_REPLAY_HEADERS.to_vec(),
                 in_flight: InFlightPolicy::Reject,
                 final_status: final_if_deterministic,
+                final_response: None,
                 unavailable_retry_after: Duration::from_secs(1),
                 in_flight_retry_after: Self::DEFAULT_IN_FLIGHT_RETRY_AFTER,
                 safe_methods_pass_through: true,
@@ -219,9 +220,40 @@ impl IdempotencyBuilder {
 
     /// Which handler statuses are final, stored and replayed to
     /// duplicates ([`final_if_deterministic`]); any other releases the key
-    /// so the client can retry.
+    /// so the client can retry. Decided on the status alone, before the
+    /// body is read; a gRPC response (always HTTP 200) is then judged by its
+    /// `grpc-status` as well. To see the whole response, trailers included,
+    /// use [`final_response`](Self::final_response).
     pub fn final_status(mut self, is_final: FinalStatusFn) -> Self {
         self.config.final_status = is_final;
+        self
+    }
+
+    /// Which handler responses are final, decided on the whole response:
+    /// status, headers and trailers ([`FinishedResponse`](crate::FinishedResponse)),
+    /// once its body has been read. Replaces both
+    /// [`final_status`](Self::final_status) and the gRPC rule;
+    /// [`final_by_default`](crate::final_by_default) is that default, to
+    /// build on. Every response is then buffered (up to
+    /// [`max_stored_response`](Self::max_stored_response)) before the
+    /// decision, the released ones too.
+    ///
+    /// ```
+    /// use idem_tower::{FinishedResponse, Idempotency, MemoryStore, final_by_default};
+    ///
+    /// /// gRPC's `NOT_FOUND` is, in this service, an entity not yet
+    /// /// replicated: worth retrying, so not final.
+    /// fn not_found_is_transient(response: &FinishedResponse<'_>) -> bool {
+    ///     response.grpc_status() != Some(5) && final_by_default(response)
+    /// }
+    ///
+    /// let idem = Idempotency::builder(MemoryStore::new())
+    ///     .final_response(not_found_is_transient)
+    ///     .build();
+    /// # let _ = idem;
+    /// ```
+    pub fn final_response(mut self, is_final: crate::FinalResponseFn) -> Self {
+        self.config.final_response = Some(is_final);
         self
     }
 

@@ -42,6 +42,7 @@ pub(crate) struct Config {
     pub(crate) replay_headers: Vec<HeaderName>,
     pub(crate) in_flight: InFlightPolicy,
     pub(crate) final_status: FinalStatusFn,
+    pub(crate) final_response: Option<crate::FinalResponseFn>,
     pub(crate) unavailable_retry_after: Duration,
     pub(crate) in_flight_retry_after: Duration,
     pub(crate) safe_methods_pass_through: bool,

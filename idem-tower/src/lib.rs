@@ -186,6 +186,7 @@ mod builder;
 #[cfg(feature = "client")]
 pub mod client;
 mod duplicated;
+mod finished;
 mod idempotency;
 pub mod layer;
 mod metrics;
@@ -200,6 +201,7 @@ mod tx;
 
 pub use builder::{FinalStatusFn, IdempotencyBuilder, InFlightPolicy, final_if_deterministic};
 pub use duplicated::DuplicatedKey;
+pub use finished::{FinalResponseFn, FinishedResponse, final_by_default};
 pub use idempotency::Idempotency;
 pub use layer::{IdempotencyLayer, IdempotencyService};
 pub use problem::Problem;

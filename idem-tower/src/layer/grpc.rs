@@ -38,7 +38,7 @@ const FINAL_CODES: [u32; 6] = [0, 3, 5, 6, 9, 11];
 
 /// Whether a message is gRPC: its content type is `application/grpc`,
 /// with or without a `+proto`-style suffix or parameters.
-pub(super) fn is_grpc(headers: &HeaderMap) -> bool {
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -49,7 +49,7 @@ pub(super) fn is_grpc(headers: &HeaderMap) -> bool {
 }
 
 /// The `grpc-status` in `fields`, if there is one that parses.
-pub(super) fn status(fields: &HeaderMap) -> Option<u32> {
+pub(crate) fn status(fields: &HeaderMap) -> Option<u32> {
     fields
         .get("grpc-status")?
         .to_str()
@@ -60,7 +60,7 @@ pub(super) fn status(fields: &HeaderMap) -> Option<u32> {
 }
 
 /// Whether `code` is a final answer.
-pub(super) fn is_final(code: u32) -> bool {
+pub(crate) fn is_final(code: u32) -> bool {
     FINAL_CODES.contains(&code)
 }
 

@@ -25,6 +25,8 @@
 //! `INVALID_ARGUMENT`, `NOT_FOUND`, `ALREADY_EXISTS`, `FAILED_PRECONDITION`
 //! and `OUT_OF_RANGE` are kept and replayed; any other code (`UNAVAILABLE`,
 //! `INTERNAL`, ...) or none releases the key, so a retry runs.
+//! [`IdempotencyBuilder::final_response`](crate::IdempotencyBuilder::final_response)
+//! puts a policy of your own, on the whole response, in place of both rules.
 //!
 //! On a route whose key is optional ([`IdempotencyLayer::required`]`(false)`)
 //! and does not read the body, a request whose head carries none of the
@@ -77,7 +79,7 @@ mod answer;
 mod body;
 mod claim;
 mod future;
-mod grpc;
+pub(crate) mod grpc;
 mod guard;
 mod key;
 #[allow(clippy::module_inception)]

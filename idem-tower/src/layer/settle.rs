@@ -14,9 +14,9 @@ use super::answer::Answer;
 use super::claim::Claimed;
 use super::grpc;
 use super::layer::Settings;
-use crate::HandlerRan;
 use crate::layer::ResponseBody;
 use crate::metrics::{self, Handled, RouteLabel};
+use crate::{FinishedResponse, HandlerRan};
 
 /// Keeps a final response (stored, or committed with the handler's
 /// writes), or lets the key go for anything else.
@@ -73,40 +73,36 @@ where
 {
     let config = settings.config();
     let status = response.status();
-    if settings.policy.require_handler_ran && response.extensions().get::<HandlerRan>().is_none() {
-        // A refusal from before the handler is a client error; a success
-        // without the mark is a handler that forgot it, and releasing it
-        // would deduplicate nothing: kept, and said.
-        if status.is_client_error() || status.is_server_error() {
-            tracing::debug!(
-                status = status.as_u16(),
-                "refused before the handler ran; nothing kept"
-            );
-            return Classified::NotRun(response.map(ResponseBody::inner));
-        }
-        tracing::warn!(
-            status = status.as_u16(),
-            "a response without HandlerRan on a route that requires it: kept as the \
-             handler's; mark the handler's responses with HandlerRan"
-        );
+    if refused_before_the_handler(settings, &response) {
+        return Classified::NotRun(response.map(ResponseBody::inner));
     }
-    if !(config.final_status)(status) {
-        return Classified::NotFinal(response.map(ResponseBody::inner));
-    }
+    // A policy on the whole response decides once the body is read;
+    // otherwise the status (and a trailers-only gRPC status) decides now.
+    let whole = config.final_response;
     let grpc = grpc::is_grpc(response.headers());
-    // A trailers-only gRPC response carries its status in its headers.
-    if grpc && grpc::status(response.headers()).is_some_and(|code| !grpc::is_final(code)) {
-        return Classified::NotFinal(response.map(ResponseBody::inner));
+    if whole.is_none() {
+        if !(config.final_status)(status) {
+            return Classified::NotFinal(response.map(ResponseBody::inner));
+        }
+        if grpc && grpc::status(response.headers()).is_some_and(|code| !grpc::is_final(code)) {
+            return Classified::NotFinal(response.map(ResponseBody::inner));
+        }
     }
     let (parts, body) = response.into_parts();
     let (outcome, body) = match buffer_response(body, config.max_stored_response).await {
-        Buffered::Whole(bytes, trailers)
-            if grpc && !grpc::ended_final(&parts.headers, trailers.as_ref()) =>
-        {
-            let body = ResponseBody::full_with_trailers(bytes, trailers);
-            return Classified::NotFinal(Response::from_parts(parts, body));
-        }
         Buffered::Whole(bytes, trailers) => {
+            let is_final = match whole {
+                Some(is_final) => is_final(&FinishedResponse::new(
+                    status,
+                    &parts.headers,
+                    trailers.as_ref(),
+                )),
+                None => !grpc || grpc::ended_final(&parts.headers, trailers.as_ref()),
+            };
+            if !is_final {
+                let body = ResponseBody::full_with_trailers(bytes, trailers);
+                return Classified::NotFinal(Response::from_parts(parts, body));
+            }
             let headers = replay_fields(settings, &parts.headers);
             let kept = trailers
                 .as_ref()
@@ -115,6 +111,14 @@ where
             let stored = StoredResponse::new(status, headers, bytes.clone()).with_trailers(kept);
             let body = ResponseBody::full_with_trailers(bytes, trailers);
             (Outcome::Response(stored), body)
+        }
+        Buffered::Partial(prefix, rest)
+            if whole.is_some_and(|is_final| {
+                !is_final(&FinishedResponse::new(status, &parts.headers, None))
+            }) =>
+        {
+            let body = ResponseBody::prefixed(prefix, rest);
+            return Classified::NotFinal(Response::from_parts(parts, body));
         }
         Buffered::Partial(prefix, rest) => {
             tracing::warn!(
@@ -130,6 +134,30 @@ where
         }
     };
     Classified::Final(outcome, Response::from_parts(parts, body))
+}
+
+/// Whether a response on a route that requires [`HandlerRan`] is a refusal
+/// from before the handler ran: an error without the mark. A success
+/// without it is a handler that forgot the mark, and releasing it would
+/// deduplicate nothing: it is kept, and said.
+fn refused_before_the_handler<B>(settings: &Settings, response: &Response<B>) -> bool {
+    if !settings.policy.require_handler_ran || response.extensions().get::<HandlerRan>().is_some() {
+        return false;
+    }
+    let status = response.status();
+    if status.is_client_error() || status.is_server_error() {
+        tracing::debug!(
+            status = status.as_u16(),
+            "refused before the handler ran; nothing kept"
+        );
+        return true;
+    }
+    tracing::warn!(
+        status = status.as_u16(),
+        "a response without HandlerRan on a route that requires it: kept as the \
+         handler's; mark the handler's responses with HandlerRan"
+    );
+    false
 }
 
 /// What became of a response body read for storage.

@@ -136,3 +136,35 @@ async fn the_layers_own_answers_are_grpc_statuses() {
     assert_eq!(status(&reused).0, "9", "FAILED_PRECONDITION");
     assert_eq!(calls.get(), 1, "only the first call ran");
 }
+
+/// `final_response` sees the whole response, trailers included: here gRPC's
+/// `NOT_FOUND` (final by default) is made transient, so the retry with the
+/// same key runs, and its `OK` is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_whole_response_policy_sees_the_trailers() {
+    fn not_found_is_transient(response: &idem_tower::FinishedResponse<'_>) -> bool {
+        response.grpc_status() != Some(5) && idem_tower::final_by_default(response)
+    }
+    for trailers_only in [false, true] {
+        let calls = Calls::default();
+        let inner = counting(&calls, move |n, _| async move {
+            grpc_reply(if n == 1 { "5" } else { "0" }, trailers_only)
+        });
+        let idem = Idempotency::builder(MemoryStore::new())
+            .final_response(not_found_is_transient)
+            .build();
+        let service = idem.layer().layer(inner);
+        let codes = [
+            read(service.clone().oneshot(grpc_call("k-nf")).await.unwrap()).await,
+            read(service.clone().oneshot(grpc_call("k-nf")).await.unwrap()).await,
+            read(service.clone().oneshot(grpc_call("k-nf")).await.unwrap()).await,
+        ];
+        let replays: Vec<bool> = codes.iter().map(|c| c.1).collect();
+        assert_eq!(
+            replays,
+            [false, false, true],
+            "trailers-only {trailers_only}"
+        );
+        assert_eq!(calls.get(), 2, "NOT_FOUND released the key; OK was kept");
+    }
+}
