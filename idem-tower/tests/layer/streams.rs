@@ -15,6 +15,19 @@ use tower::{Layer, ServiceExt};
 use crate::fixtures::{counting, read, with_trailers};
 use crate::support::{Calls, KEY_HEADER};
 
+/// A request body that has sent `first` and stays open until the sender
+/// returned with it is dropped.
+async fn open_body(
+    first: &'static [u8],
+) -> (tokio::sync::mpsc::Sender<Result<Bytes, Infallible>>, Body) {
+    let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(4);
+    sender.send(Ok(Bytes::from_static(first))).await.unwrap();
+    let stream = futures_util::stream::unfold(receiver, |mut receiver| async move {
+        receiver.recv().await.map(|chunk| (chunk, receiver))
+    });
+    (sender, Body::from_stream(stream))
+}
+
 fn keyed(key: &str) -> Request<Body> {
     Request::post("/payments.Payments/Charge")
         .header(KEY_HEADER, key)
@@ -99,17 +112,8 @@ async fn an_unkeyed_request_on_an_optional_route_streams_its_body_unread() {
         .required(false);
     let service = layer.layer(inner);
 
-    let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(4);
-    sender
-        .send(Ok(Bytes::from_static(b"chunk-1")))
-        .await
-        .unwrap();
-    let stream = futures_util::stream::unfold(receiver, |mut receiver| async move {
-        receiver.recv().await.map(|chunk| (chunk, receiver))
-    });
-    let request = Request::post("/uploads")
-        .body(Body::from_stream(stream))
-        .unwrap();
+    let (sender, body) = open_body(b"chunk-1").await;
+    let request = Request::post("/uploads").body(body).unwrap();
     let response = tokio::time::timeout(Duration::from_secs(10), service.oneshot(request))
         .await
         .expect("answered while the request body is still open")
@@ -138,16 +142,9 @@ async fn a_path_the_layer_is_not_limited_to_passes_through_unread() {
         .only(["/payments.Payments/Charge"])
         .layer(inner);
 
-    let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(4);
-    sender
-        .send(Ok(Bytes::from_static(b"watching")))
-        .await
-        .unwrap();
-    let stream = futures_util::stream::unfold(receiver, |mut receiver| async move {
-        receiver.recv().await.map(|chunk| (chunk, receiver))
-    });
+    let (sender, body) = open_body(b"watching").await;
     let watch = Request::post("/grpc.health.v1.Health/Watch")
-        .body(Body::from_stream(stream))
+        .body(body)
         .unwrap();
     let response = tokio::time::timeout(Duration::from_secs(10), service.clone().oneshot(watch))
         .await
