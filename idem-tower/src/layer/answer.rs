@@ -7,7 +7,7 @@ use http::{HeaderValue, Response};
 use http_body::Body;
 use idem_core::{Duplicate, Outcome, StoredResponse};
 
-use super::grpc::OwnAnswer;
+use super::grpc;
 use super::layer::Settings;
 use crate::Idempotency;
 use crate::layer::ResponseBody;
@@ -18,7 +18,7 @@ use crate::problem::Problem;
 pub(super) enum Answer {
     /// A resolver's extractor refused the request: its rejection (such as a
     /// 401), as the handler would have answered; nothing claimed.
-    Refused(Response<Bytes>),
+    Refused(Box<Response<Bytes>>),
     /// The request cannot be keyed (400) or its body is over the cap (413);
     /// nothing claimed.
     Rejected(Problem),
@@ -35,13 +35,14 @@ pub(super) enum Answer {
 }
 
 impl Answer {
-    /// The response, counted on `route`; what the layer decided is in its
-    /// extensions ([`OwnAnswer`]), except for a replay, which is the first
-    /// response's own.
+    /// The response, counted on `route`, written for the `wire` the request
+    /// came on: problem+json, or a gRPC status. A replay is the first
+    /// response as it was, whatever the wire.
     pub(super) fn respond<B: Body>(
         self,
         settings: &Settings,
         route: &RouteLabel,
+        wire: Wire,
     ) -> Response<ResponseBody<B>> {
         match self {
             Self::Refused(rejection) => {
@@ -50,9 +51,10 @@ impl Answer {
                     "the caller's identity was refused; nothing claimed"
                 );
                 metrics::request(Handled::NotRun, route);
-                let mut response = rejection.map(ResponseBody::full);
-                response.extensions_mut().insert(OwnAnswer::Refused);
-                response
+                match wire {
+                    Wire::Http => rejection.map(ResponseBody::full),
+                    Wire::Grpc => grpc::refusal(rejection.status()),
+                }
             }
             Self::Rejected(problem) => {
                 let outcome = match problem {
@@ -61,12 +63,12 @@ impl Answer {
                     _ => Handled::InvalidKey,
                 };
                 metrics::request(outcome, route);
-                own(problem)
+                wire.problem(problem)
             }
             Self::Misconfigured(why) => {
                 metrics::request(Handled::Misconfigured, route);
                 tracing::error!(route = &**route, "idempotency misconfigured: {why}");
-                own(Problem::Misconfigured(why))
+                wire.problem(Problem::Misconfigured(why))
             }
             Self::Unavailable(err) => {
                 metrics::request(Handled::StoreError, route);
@@ -74,11 +76,11 @@ impl Answer {
                     error = %err,
                     "idempotency store unavailable; handler not called or its writes not kept"
                 );
-                own(Problem::StoreUnavailable {
+                wire.problem(Problem::StoreUnavailable {
                     retry_after: settings.config().unavailable_retry_after,
                 })
             }
-            Self::Duplicate(dup) => duplicate(dup, settings, route),
+            Self::Duplicate(dup) => duplicate(dup, settings, route, wire),
         }
     }
 }
@@ -88,6 +90,7 @@ fn duplicate<B: Body>(
     duplicate: Duplicate,
     settings: &Settings,
     route: &RouteLabel,
+    wire: Wire,
 ) -> Response<ResponseBody<B>> {
     match duplicate {
         Duplicate::Replay(Outcome::Response(stored)) => {
@@ -101,7 +104,7 @@ fn duplicate<B: Body>(
         Duplicate::Replay(Outcome::NotReplayable) => {
             metrics::request(Handled::NotReplayable, route);
             tracing::info!("completed without a replayable response");
-            own(Problem::NotReplayable)
+            wire.problem(Problem::NotReplayable)
         }
         Duplicate::InFlight {
             retry_after: lease_left,
@@ -109,24 +112,46 @@ fn duplicate<B: Body>(
             metrics::request(Handled::InFlight, route);
             let retry_after = settings.config().in_flight_retry_after.min(lease_left);
             tracing::info!(?retry_after, "duplicate of a request in flight");
-            own(Problem::InFlight { retry_after })
+            wire.problem(Problem::InFlight { retry_after })
         }
         Duplicate::Mismatch => {
             metrics::request(Handled::Mismatch, route);
             tracing::warn!("idempotency key reused with a different request");
-            own(Problem::FingerprintMismatch)
+            wire.problem(Problem::FingerprintMismatch)
         }
     }
 }
 
-/// `problem` as the layer's own answer: a problem+json response, marked
-/// with what it says for [`own_answer_as_status`](super::grpc::own_answer_as_status).
-fn own<B: Body>(problem: Problem) -> Response<ResponseBody<B>> {
-    let mut response = problem.to_response();
-    response
-        .extensions_mut()
-        .insert(OwnAnswer::Problem(problem));
-    response
+/// What a request's answers are written as, from its head: gRPC calls
+/// (`content-type: application/grpc*`) read the layer's own answers as
+/// trailers-only gRPC statuses, everything else as problem+json.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Wire {
+    Http,
+    Grpc,
+}
+
+impl Wire {
+    /// The wire of a request with these headers.
+    pub(super) fn of(headers: &http::HeaderMap) -> Self {
+        if grpc::is_grpc(headers) {
+            Self::Grpc
+        } else {
+            Self::Http
+        }
+    }
+
+    /// `problem` as the layer's own answer on this wire.
+    fn problem<B: Body>(self, problem: Problem) -> Response<ResponseBody<B>> {
+        match self {
+            Self::Http => problem.to_response(),
+            Self::Grpc => grpc::trailers_only(
+                problem.grpc_code(),
+                &problem.message(),
+                problem.retry_after(),
+            ),
+        }
+    }
 }
 
 /// The stored response as it was sent, its trailers too, marked

@@ -4,27 +4,18 @@
 //! final; every other code lets the key go, so the call can be retried.
 //! The layer's own answers to a gRPC call are gRPC statuses too.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use http_body::Body;
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 
-use crate::Problem;
 use crate::layer::ResponseBody;
 
 /// What `grpc-message` percent-encodes: controls, `%`, and (as any
 /// percent-encoding does) every byte outside ASCII.
 const GRPC_MESSAGE: &AsciiSet = &CONTROLS.add(b'%');
-
-/// Marks a response the layer wrote itself, with what it decided, so that
-/// on a gRPC call it is sent as a gRPC status instead.
-#[derive(Debug, Clone)]
-pub(super) enum OwnAnswer {
-    /// One of the layer's problems.
-    Problem(Problem),
-    /// A resolver's rejection (such as a 401), as its HTTP status.
-    Refused,
-}
 
 /// The gRPC status codes that are the call's own, final answer: `OK`,
 /// `INVALID_ARGUMENT`, `NOT_FOUND`, `ALREADY_EXISTS`,
@@ -64,38 +55,14 @@ pub(crate) fn is_final(code: u32) -> bool {
     FINAL_CODES.contains(&code)
 }
 
-/// Whether a gRPC response that has been read whole ended with a final
-/// status, in its trailers or its headers. A response with no status at
-/// all is a broken call, not an answer: not final.
-pub(super) fn ended_final(headers: &HeaderMap, trailers: Option<&HeaderMap>) -> bool {
-    trailers
-        .and_then(status)
-        .or_else(|| status(headers))
-        .is_some_and(is_final)
-}
-
-/// `response` as the call's gRPC status if the layer wrote it itself: a
-/// trailers-only reply whose `grpc-status` and `grpc-message` say why, and
-/// `grpc-retry-pushback-ms` when to retry. Any other response (the
-/// service's, or a replay) is returned as it is.
-pub(super) fn own_answer_as_status<B: Body>(
-    response: Response<ResponseBody<B>>,
+/// A trailers-only gRPC reply (HTTP 200, no message) with this status:
+/// how the layer answers a gRPC call itself. `message` becomes a
+/// percent-encoded `grpc-message`; `retry_after`, `grpc-retry-pushback-ms`.
+pub(super) fn trailers_only<B: Body>(
+    code: u32,
+    message: &str,
+    retry_after: Option<Duration>,
 ) -> Response<ResponseBody<B>> {
-    let Some(own) = response.extensions().get::<OwnAnswer>() else {
-        return response;
-    };
-    let (code, message, retry_after) = match own {
-        OwnAnswer::Problem(problem) => (
-            problem.grpc_code(),
-            problem.message(),
-            problem.retry_after(),
-        ),
-        OwnAnswer::Refused => (
-            code_of_http(response.status()),
-            format!("refused before the call ran: HTTP {}", response.status()),
-            None,
-        ),
-    };
     let mut status = Response::new(ResponseBody::full(Bytes::new()));
     let headers = status.headers_mut();
     headers.insert(
@@ -103,7 +70,7 @@ pub(super) fn own_answer_as_status<B: Body>(
         HeaderValue::from_static("application/grpc"),
     );
     headers.insert("grpc-status", HeaderValue::from(code));
-    let message = utf8_percent_encode(&message, GRPC_MESSAGE).to_string();
+    let message = utf8_percent_encode(message, GRPC_MESSAGE).to_string();
     if let Ok(message) = HeaderValue::from_str(&message) {
         headers.insert("grpc-message", message);
     }
@@ -112,6 +79,13 @@ pub(super) fn own_answer_as_status<B: Body>(
         headers.insert("grpc-retry-pushback-ms", HeaderValue::from(millis));
     }
     status
+}
+
+/// A resolver's rejection (such as a 401) as a gRPC status, by gRPC's own
+/// HTTP-to-gRPC mapping.
+pub(super) fn refusal<B: Body>(status: StatusCode) -> Response<ResponseBody<B>> {
+    let message = format!("refused before the call ran: HTTP {status}");
+    trailers_only(code_of_http(status), &message, None)
 }
 
 /// The gRPC code of an HTTP status, as gRPC's own HTTP-to-gRPC mapping
@@ -146,37 +120,19 @@ mod tests {
     }
 
     #[test]
-    fn an_own_answer_becomes_a_trailers_only_status_and_others_pass() {
-        let problem = Problem::InFlight {
-            retry_after: std::time::Duration::from_millis(1500),
-        };
-        let mut response: Response<ResponseBody<http_body_util::Empty<Bytes>>> =
-            problem.to_response();
-        response
-            .extensions_mut()
-            .insert(OwnAnswer::Problem(problem));
-        let status = own_answer_as_status(response);
+    fn a_trailers_only_status_says_its_code_cause_and_pushback() {
+        let status: Response<ResponseBody<http_body_util::Empty<Bytes>>> = trailers_only(
+            10,
+            "in progress",
+            Some(std::time::Duration::from_millis(1500)),
+        );
         assert_eq!(status.status(), StatusCode::OK);
         let h = status.headers();
         assert_eq!(h["content-type"], "application/grpc");
         assert_eq!(h["grpc-status"], "10");
+        assert_eq!(h["grpc-message"], "in progress");
         assert_eq!(h["grpc-retry-pushback-ms"], "1500");
-        assert!(
-            h["grpc-message"]
-                .to_str()
-                .unwrap()
-                .starts_with("A request with this idempotency key is in progress"),
-            "{h:?}"
-        );
         assert!(http_body::Body::is_end_stream(status.body()));
-
-        let service: Response<ResponseBody<http_body_util::Empty<Bytes>>> =
-            Response::new(ResponseBody::full(Bytes::from_static(b"x")));
-        assert!(
-            !own_answer_as_status(service)
-                .headers()
-                .contains_key("grpc-status")
-        );
     }
 
     #[test]
@@ -211,12 +167,21 @@ mod tests {
 
     #[test]
     fn the_trailers_status_wins_and_none_is_not_final() {
+        use crate::{FinishedResponse, final_by_default};
+        let grpc = fields(&[("content-type", "application/grpc")]);
         let ok = fields(&[("grpc-status", "0")]);
         let unavailable = fields(&[("grpc-status", "14")]);
-        assert!(ended_final(&HeaderMap::new(), Some(&ok)));
-        assert!(!ended_final(&ok, Some(&unavailable)));
-        assert!(ended_final(&ok, None), "trailers-only");
-        assert!(!ended_final(&HeaderMap::new(), None));
-        assert!(!ended_final(&fields(&[("grpc-status", "zero")]), None));
+        let mut trailers_only_ok = grpc.clone();
+        trailers_only_ok.extend(ok.clone());
+        let reply = |headers, trailers| {
+            final_by_default(&FinishedResponse::new(StatusCode::OK, headers, trailers))
+        };
+        assert!(reply(&grpc, Some(&ok)));
+        assert!(!reply(&trailers_only_ok, Some(&unavailable)));
+        assert!(reply(&trailers_only_ok, None), "trailers-only");
+        assert!(!reply(&grpc, None));
+        let mut garbled = grpc.clone();
+        garbled.insert("grpc-status", HeaderValue::from_static("zero"));
+        assert!(!reply(&garbled, None));
     }
 }

@@ -37,18 +37,18 @@ pub(super) fn matched_route(extensions: &http::Extensions, policy: &Policy) -> O
 /// `None` when an optional key is absent. A key part the client should have
 /// sent is its 400; one only the route supplies is the server's 500
 /// (ARCHITECTURE.md, "Keys and callers").
-pub(super) async fn target(
+pub(super) fn target(
     settings: &Settings,
-    parts: &mut Parts,
+    parts: &Parts,
+    params: &[(String, String)],
     body: &Bytes,
     route: Option<Arc<str>>,
     caller: &Caller,
 ) -> Result<Option<Target>, Answer> {
     let policy = &*settings.policy;
     let route = route.unwrap_or_else(|| Arc::from(parts.uri.path()));
-    let params = path_params(parts, policy).await;
     let view = RequestView::new(&parts.method, &route, &parts.headers)
-        .path_params(&params)
+        .path_params(params)
         .query(parts.uri.query())
         .body(body)
         .tenant(caller.tenant.as_deref())
@@ -104,19 +104,18 @@ pub(super) async fn target(
 /// require its key, the template reads nothing of the body, and the head
 /// carries none of the key's client-supplied parts. (A key that reads the
 /// body can only be found absent once the body is read, in [`target`].)
-pub(super) async fn absent_from_head(
+pub(super) fn absent_from_head(
     settings: &Settings,
-    parts: &mut Parts,
-    route: Option<&Arc<str>>,
+    parts: &Parts,
+    params: &[(String, String)],
 ) -> bool {
     let policy = &*settings.policy;
     if policy.required || policy.template.reads_body() {
         return false;
     }
-    let route = route.map_or_else(|| Arc::from(parts.uri.path()), Arc::clone);
-    let params = path_params(parts, policy).await;
-    let view = RequestView::new(&parts.method, &route, &parts.headers)
-        .path_params(&params)
+    // Only whether parts are present is read: the route plays no part.
+    let view = RequestView::new(&parts.method, parts.uri.path(), &parts.headers)
+        .path_params(params)
         .query(parts.uri.query());
     no_client_part(policy, &view)
 }
@@ -141,7 +140,7 @@ fn key_problem(err: KeyError) -> Answer {
 
 /// The matched route's parameters: they name the resource, so they feed the
 /// fingerprint even when the key does not read them.
-async fn path_params(parts: &mut Parts, policy: &Policy) -> Vec<(String, String)> {
+pub(super) async fn path_params(parts: &mut Parts, policy: &Policy) -> Vec<(String, String)> {
     #[cfg(feature = "axum")]
     if let Some(params) = axum_path_params(parts).await {
         return params;

@@ -66,7 +66,9 @@ pub(super) async fn caller(settings: &Settings, parts: &mut Parts) -> Result<Cal
         *slot = match resolver.resolve(parts).await {
             Ok(value) => value,
             Err(Unresolved::Rejected(_)) if !named => None,
-            Err(Unresolved::Rejected(rejection)) => return Err(Answer::Refused(rejection)),
+            Err(Unresolved::Rejected(rejection)) => {
+                return Err(Answer::Refused(Box::new(rejection)));
+            }
             Err(Unresolved::Misconfigured(why)) => return Err(Answer::Misconfigured(why)),
             Err(Unresolved::Invalid(why)) => {
                 return Err(Answer::Rejected(Problem::KeyInvalid(why)));

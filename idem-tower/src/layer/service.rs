@@ -11,10 +11,11 @@ use idem_core::BoxError;
 use tower::Service;
 use tracing::Instrument;
 
+use super::answer::Wire;
 use super::claim::Claimed;
 use super::future::MustFinish;
 use super::layer::Settings;
-use super::{RebuildBody, ResponseFuture, claim, grpc, key, read, settle};
+use super::{RebuildBody, ResponseFuture, claim, key, read, settle};
 use crate::layer::ResponseBody;
 use crate::metrics::{self, Handled, RouteLabel};
 
@@ -69,20 +70,7 @@ where
             key = tracing::field::Empty
         );
         let settings = self.settings.clone();
-        let grpc = grpc::is_grpc(request.headers());
-        ResponseFuture::new(move |attempt| {
-            let reply = through(settings, ready, request, attempt);
-            async move {
-                let response = reply.await?;
-                // A gRPC client reads the layer's own answers as statuses.
-                Ok(if grpc {
-                    grpc::own_answer_as_status(response)
-                } else {
-                    response
-                })
-            }
-            .instrument(span)
-        })
+        ResponseFuture::new(|attempt| through(settings, ready, request, attempt).instrument(span))
     }
 }
 
@@ -120,12 +108,14 @@ where
 
     // Read the request: who is calling (the resolvers run first), then,
     // unless the head already says the request carries no key, the body.
+    let wire = Wire::of(request.headers());
     let (mut parts, body) = request.into_parts();
     let caller = match read::caller(&settings, &mut parts).await {
         Ok(caller) => caller,
-        Err(answer) => return Ok(answer.respond(&settings, &label)),
+        Err(answer) => return Ok(answer.respond(&settings, &label, wire)),
     };
-    if key::absent_from_head(&settings, &mut parts, route.as_ref()).await {
+    let params = key::path_params(&mut parts, &settings.policy).await;
+    if key::absent_from_head(&settings, &parts, &params) {
         tracing::debug!("no idempotency key on an optional route; passing through");
         metrics::request(Handled::Unkeyed, &label);
         let request = Request::from_parts(parts, body);
@@ -133,11 +123,11 @@ where
     }
     let body = match read::body(&settings, &parts.headers, body).await {
         Ok(body) => body,
-        Err(answer) => return Ok(answer.respond(&settings, &label)),
+        Err(answer) => return Ok(answer.respond(&settings, &label, wire)),
     };
 
     // Resolve the key; an optional key that is absent lets the request through.
-    let target = match key::target(&settings, &mut parts, &body, route, &caller).await {
+    let target = match key::target(&settings, &parts, &params, &body, route, &caller) {
         Ok(Some(target)) => target,
         Ok(None) => {
             tracing::debug!("no idempotency key on an optional route; passing through");
@@ -145,7 +135,7 @@ where
             let request = Request::from_parts(parts, ReqBody::rebuild(body));
             return Ok(inner.call(request).await?.map(ResponseBody::inner));
         }
-        Err(answer) => return Ok(answer.respond(&settings, &label)),
+        Err(answer) => return Ok(answer.respond(&settings, &label, wire)),
     };
 
     // Claim it: the key is ours, or a duplicate is answered. From here the
@@ -155,7 +145,7 @@ where
     attempt.set();
     let held = match claim::claim(&settings, target, &label, &attempt).await {
         Ok(held) => held,
-        Err(answer) => return Ok(answer.respond(&settings, &label)),
+        Err(answer) => return Ok(answer.respond(&settings, &label, wire)),
     };
     if attempt.client_gone() {
         // Nobody waits for a response: the key goes free at once, and the
@@ -170,7 +160,7 @@ where
     // waits for it: a handler that has started runs to its end even if the
     // client goes (its effect may be half made), and its outcome is settled
     // either way.
-    call_and_settle(settings, held, inner, parts, body, label).await
+    call_and_settle(settings, held, inner, parts, body, label, wire).await
 }
 
 /// Calls the service while the claim is held, then keeps a final outcome or
@@ -182,6 +172,7 @@ async fn call_and_settle<S, ReqBody, ResBody>(
     mut parts: http::request::Parts,
     body: Bytes,
     label: RouteLabel,
+    wire: Wire,
 ) -> Reply<ResBody, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
@@ -196,7 +187,7 @@ where
         .catch_unwind()
         .await;
     match called {
-        Ok(Ok(response)) => Ok(settle::settle(settings, claimed, response, label).await),
+        Ok(Ok(response)) => Ok(settle::settle(settings, claimed, response, label, wire).await),
         Ok(Err(err)) => {
             metrics::request(Handled::Released, &label);
             claimed.abort("service error").await;

@@ -10,7 +10,7 @@ use http_body::Body;
 use http_body_util::BodyExt;
 use idem_core::{Outcome, StoredResponse};
 
-use super::answer::Answer;
+use super::answer::{Answer, Wire};
 use super::claim::Claimed;
 use super::grpc;
 use super::layer::Settings;
@@ -25,6 +25,7 @@ pub(super) async fn settle<B>(
     claimed: Claimed,
     response: Response<B>,
     route: RouteLabel,
+    wire: Wire,
 ) -> Response<ResponseBody<B>>
 where
     B: Body<Data = Bytes> + Send + 'static,
@@ -39,7 +40,7 @@ where
                 }
                 // Nothing committed: the handler's writes are gone too, so
                 // the client must not see its success.
-                Err(err) => Answer::Unavailable(err).respond(&settings, &route),
+                Err(err) => Answer::Unavailable(err).respond(&settings, &route, wire),
             }
         }
         Classified::NotFinal(response) => {
@@ -91,13 +92,10 @@ where
     let (parts, body) = response.into_parts();
     let (outcome, body) = match buffer_response(body, config.max_stored_response).await {
         Buffered::Whole(bytes, trailers) => {
+            let finished = FinishedResponse::new(status, &parts.headers, trailers.as_ref());
             let is_final = match whole {
-                Some(is_final) => is_final(&FinishedResponse::new(
-                    status,
-                    &parts.headers,
-                    trailers.as_ref(),
-                )),
-                None => !grpc || grpc::ended_final(&parts.headers, trailers.as_ref()),
+                Some(is_final) => is_final(&finished),
+                None => !grpc || finished.grpc_status().is_some_and(grpc::is_final),
             };
             if !is_final {
                 let body = ResponseBody::full_with_trailers(bytes, trailers);
