@@ -235,6 +235,31 @@ mod tests {
         assert_eq!(r.headers()[header::RETRY_AFTER], "1");
     }
 
+    /// The table in `Problem`'s docs, code by code.
+    #[test]
+    fn grpc_codes_are_the_documented_ones() {
+        let zero = Duration::ZERO;
+        for (problem, code) in [
+            (Problem::KeyMissing(String::new()), 3),
+            (Problem::KeyInvalid(String::new()), 3),
+            (Problem::BodyUnreadable, 3),
+            (Problem::BodyTooLarge { limit: 1 }, 8),
+            (Problem::FingerprintMismatch, 9),
+            (Problem::InFlight { retry_after: zero }, 10),
+            (Problem::NotReplayable, 6),
+            (Problem::StoreUnavailable { retry_after: zero }, 14),
+            (Problem::TransactionMissing, 13),
+            (Problem::Misconfigured(String::new()), 13),
+        ] {
+            assert_eq!(problem.grpc_code(), code, "{problem:?}");
+            let pushback = matches!(
+                problem,
+                Problem::InFlight { .. } | Problem::StoreUnavailable { .. }
+            );
+            assert_eq!(problem.retry_after().is_some(), pushback, "{problem:?}");
+        }
+    }
+
     #[test]
     fn every_problem_has_its_own_type() {
         let all = [

@@ -63,3 +63,37 @@ impl RebuildBody for tonic::body::Body {
         tonic::body::Body::new(Full::new(bytes))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+    use http_body_util::combinators::{BoxBody, UnsyncBoxBody};
+
+    use super::*;
+
+    async fn yields<B: RebuildBody<Data = Bytes>>() -> Bytes
+    where
+        B::Error: std::fmt::Debug,
+    {
+        B::rebuild(Bytes::from_static(b"charge 500"))
+            .collect()
+            .await
+            .expect("a buffered body does not fail")
+            .to_bytes()
+    }
+
+    #[tokio::test]
+    async fn every_body_type_yields_the_buffered_bytes() {
+        let expected = Bytes::from_static(b"charge 500");
+        assert_eq!(yields::<Full<Bytes>>().await, expected);
+        assert_eq!(yields::<BoxBody<Bytes, std::io::Error>>().await, expected);
+        assert_eq!(
+            yields::<UnsyncBoxBody<Bytes, std::io::Error>>().await,
+            expected
+        );
+        #[cfg(feature = "axum")]
+        assert_eq!(yields::<axum::body::Body>().await, expected);
+        #[cfg(feature = "grpc")]
+        assert_eq!(yields::<tonic::body::Body>().await, expected);
+    }
+}

@@ -168,3 +168,34 @@ async fn a_whole_response_policy_sees_the_trailers() {
         assert_eq!(calls.get(), 2, "NOT_FOUND released the key; OK was kept");
     }
 }
+
+/// A response too large to store is decided on before its end, so a
+/// whole-response policy sees no trailers: one it refuses is released (the
+/// retry runs), not kept as "completed, not replayable".
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_whole_response_policy_also_decides_a_response_too_large_to_store() {
+    fn only_created(response: &idem_tower::FinishedResponse<'_>) -> bool {
+        response.status() == StatusCode::CREATED
+    }
+    let calls = Calls::default();
+    let inner = counting(&calls, |n, _| async move {
+        let status = if n == 1 {
+            StatusCode::OK
+        } else {
+            StatusCode::CREATED
+        };
+        let mut response = Response::new(Body::from("x".repeat(64)));
+        *response.status_mut() = status;
+        response
+    });
+    let idem = Idempotency::builder(MemoryStore::new())
+        .max_stored_response(16)
+        .final_response(only_created)
+        .build();
+    let service = idem.layer().layer(inner);
+    let first = read(service.clone().oneshot(grpc_call("k-big")).await.unwrap()).await;
+    assert_eq!((first.0, first.2.len()), (StatusCode::OK, 64), "sent whole");
+    let retry = service.clone().oneshot(grpc_call("k-big")).await.unwrap();
+    assert_eq!(retry.status(), StatusCode::CREATED, "the retry ran");
+    assert_eq!(calls.get(), 2);
+}
