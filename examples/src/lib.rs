@@ -9,6 +9,7 @@
 //! lists them, and how to run the three binaries together.
 
 pub mod consumer;
+pub mod grpc_payments;
 pub mod orders;
 pub mod placeholders;
 pub mod sql_pool;

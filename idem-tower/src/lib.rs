@@ -173,7 +173,8 @@
 //!   `grpc-status` and answered with gRPC statuses (see [`layer`]).
 //! - `test-util`: the store conformance suite.
 //! - `client`: the caller's half, `client::IdempotencyClientLayer` for
-//!   tower HTTP clients: one `Idempotency-Key` per logical request, retried;
+//!   tower HTTP clients: one `Idempotency-Key` per logical request, retried
+//!   (with `grpc` too, `IdempotencyClientLayer::grpc` on a tonic `Channel`);
 //!   `reqwest`: the same as a reqwest-middleware middleware.
 //!
 //! [tower]: https://docs.rs/tower

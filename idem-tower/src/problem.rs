@@ -5,6 +5,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 
+use crate::layer::grpc;
+
 /// Every response the layer writes itself, rather than the handler.
 ///
 /// Each is `application/problem+json` with its own `type`, so clients can
@@ -98,11 +100,11 @@ impl Problem {
     pub fn grpc_code(&self) -> u32 {
         match self {
             Self::KeyMissing(_) | Self::KeyInvalid(_) | Self::BodyUnreadable => 3,
-            Self::BodyTooLarge { .. } => 8,
+            Self::BodyTooLarge { .. } => grpc::RESOURCE_EXHAUSTED,
             Self::FingerprintMismatch => 9,
-            Self::InFlight { .. } => 10,
+            Self::InFlight { .. } => grpc::ABORTED,
             Self::NotReplayable => 6,
-            Self::StoreUnavailable { .. } => 14,
+            Self::StoreUnavailable { .. } => grpc::UNAVAILABLE,
             Self::TransactionMissing | Self::Misconfigured(_) => 13,
         }
     }

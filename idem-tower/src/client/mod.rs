@@ -37,7 +37,10 @@
 //! ```
 //!
 //! With the feature `reqwest`, `IdempotencyMiddleware` is the same
-//! policy for reqwest, as a `reqwest_middleware::Middleware`.
+//! policy for reqwest, as a `reqwest_middleware::Middleware`. With the
+//! feature `grpc`, `IdempotencyClientLayer::grpc` puts it on a tonic
+//! `Channel`: one `idempotency-key` metadata entry per call, and gRPC
+//! answers read by their `grpc-status` ([`RetryPolicy::classify`]).
 //!
 //! Each attempt runs in a `idem.client.attempt` span (attempt number,
 //! method, path, status); retries are counted by cause in

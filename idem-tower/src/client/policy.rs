@@ -12,6 +12,8 @@ use std::time::{Duration, SystemTime};
 use http::{HeaderMap, StatusCode, header};
 use rand::Rng;
 
+use crate::layer::grpc;
+
 /// Why an attempt is retried; the `cause` label of
 /// `idem_client_retries_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -163,7 +165,20 @@ impl RetryPolicy {
     }
 
     /// What an answer with this status and these headers calls for.
+    ///
+    /// A gRPC answer (`content-type: application/grpc`) is read by its
+    /// `grpc-status` instead, when its head carries one (a trailers-only
+    /// reply, which is how servers send an error without a message):
+    /// `UNAVAILABLE` is retried ([`Cause::Unavailable`]), and so are
+    /// `ABORTED` and `RESOURCE_EXHAUSTED` when they carry
+    /// `grpc-retry-pushback-ms` (idem's in-flight answer,
+    /// [`Cause::InFlight`], and a throttle, [`Cause::TooManyRequests`]);
+    /// every other code is final. A gRPC answer whose status is in its
+    /// trailers comes with a message: final.
     pub fn classify(&self, status: StatusCode, headers: &HeaderMap) -> Verdict {
+        if status == StatusCode::OK && grpc::is_grpc(headers) {
+            return classify_grpc(headers);
+        }
         let retry_after = || retry_after(headers, SystemTime::now());
         let cause = match status.as_u16() {
             503 => Cause::Unavailable,
@@ -202,6 +217,28 @@ impl RetryPolicy {
             .saturating_mul(1u32 << doublings)
             .min(self.max_delay)
     }
+}
+
+/// A gRPC answer's verdict, from the `grpc-status` of its head.
+fn classify_grpc(headers: &HeaderMap) -> Verdict {
+    let pushback = pushback(headers);
+    let cause = match grpc::status(headers) {
+        Some(grpc::UNAVAILABLE) => Cause::Unavailable,
+        Some(grpc::ABORTED) if pushback.is_some() => Cause::InFlight,
+        Some(grpc::RESOURCE_EXHAUSTED) if pushback.is_some() => Cause::TooManyRequests,
+        _ => return Verdict::Final,
+    };
+    Verdict::Retry {
+        cause,
+        retry_after: pushback,
+    }
+}
+
+/// `grpc-retry-pushback-ms` as a wait. `None` if absent or unreadable
+/// (gRPC's negative pushback, "do not retry", included).
+fn pushback(headers: &HeaderMap) -> Option<Duration> {
+    let millis = headers.get("grpc-retry-pushback-ms")?.to_str().ok()?;
+    millis.trim().parse().ok().map(Duration::from_millis)
 }
 
 /// `Retry-After` as a wait from `now`: delta-seconds or an HTTP-date (a
@@ -335,6 +372,73 @@ mod tests {
             // Full jitter: spread over the whole range, not bunched at the top.
             assert!(delays.iter().any(|d| *d < ceiling / 2), "retry {retry}");
         }
+    }
+
+    fn grpc(code: &'static str, pushback: Option<&'static str>) -> Verdict {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
+        headers.insert("grpc-status", HeaderValue::from_static(code));
+        if let Some(ms) = pushback {
+            headers.insert("grpc-retry-pushback-ms", HeaderValue::from_static(ms));
+        }
+        RetryPolicy::default().classify(StatusCode::OK, &headers)
+    }
+
+    #[test]
+    fn grpc_answers_are_read_by_their_status() {
+        assert_eq!(
+            grpc("14", None),
+            Verdict::Retry {
+                cause: Cause::Unavailable,
+                retry_after: None
+            }
+        );
+        assert_eq!(
+            grpc("10", Some("1500")),
+            Verdict::Retry {
+                cause: Cause::InFlight,
+                retry_after: Some(Duration::from_millis(1500))
+            }
+        );
+        assert_eq!(
+            grpc("8", Some("20")),
+            Verdict::Retry {
+                cause: Cause::TooManyRequests,
+                retry_after: Some(Duration::from_millis(20))
+            }
+        );
+        // Without pushback, ABORTED and RESOURCE_EXHAUSTED are the call's
+        // own answers; a negative pushback says "do not retry".
+        assert_eq!(grpc("10", None), Verdict::Final);
+        assert_eq!(grpc("10", Some("-1")), Verdict::Final);
+        assert_eq!(grpc("8", None), Verdict::Final);
+        // Final codes, and the codes idem's server releases the key on but
+        // that a retry would not change without the caller's help.
+        for code in ["0", "2", "3", "5", "6", "7", "9", "11", "12", "13", "16"] {
+            assert_eq!(grpc(code, None), Verdict::Final, "{code}");
+        }
+    }
+
+    #[test]
+    fn a_grpc_answer_without_a_status_in_its_head_is_final() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
+        let policy = RetryPolicy::default();
+        assert_eq!(policy.classify(StatusCode::OK, &headers), Verdict::Final);
+        // An HTTP error in front of a gRPC server is read as HTTP.
+        assert_eq!(
+            policy.classify(StatusCode::SERVICE_UNAVAILABLE, &headers),
+            Verdict::Retry {
+                cause: Cause::Unavailable,
+                retry_after: None
+            }
+        );
     }
 
     #[test]

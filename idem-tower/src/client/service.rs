@@ -1,7 +1,9 @@
 //! `IdempotencyClient`: one logical request, its key made once, its body
 //! buffered once, sent until an answer is final or the policy says stop.
 
+use std::fmt;
 use std::future::{Future, poll_fn};
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -19,27 +21,48 @@ use super::attempt::{Schedule, within};
 use super::key::{self, KEY_HEADER, KeyKind, KeyOrigin};
 use super::policy::{Cause, RetryPolicy, Verdict};
 use super::report::{ClientError, ClientErrorKind, RetryReport};
+use crate::layer::RebuildBody;
 
 /// An HTTP client service that sends each request with an
 /// `Idempotency-Key` (the caller's, or one made for it) and retries it,
 /// same key, same body, on transient failures ([`RetryPolicy`]).
 ///
-/// The inner service takes `Request<Full<Bytes>>`: the body is buffered
-/// (up to `RetryPolicy::max_body`) so it can be re-sent. Every response
-/// carries a [`RetryReport`] extension.
-#[derive(Debug, Clone)]
-pub struct IdempotencyClient<S> {
+/// The body is buffered (up to `RetryPolicy::max_body`) so it can be
+/// re-sent, and each attempt hands the inner service a body of type `IB`
+/// made again from those bytes ([`RebuildBody`]): `Full<Bytes>` by
+/// default, tonic's body for a tonic `Channel`
+/// ([`IdempotencyClientLayer::grpc`](super::IdempotencyClientLayer::grpc)).
+/// Every response carries a [`RetryReport`] extension.
+pub struct IdempotencyClient<S, IB = Full<Bytes>> {
     inner: S,
     policy: Arc<RetryPolicy>,
     kind: KeyKind,
+    body: PhantomData<fn() -> IB>,
 }
 
-impl<S> IdempotencyClient<S> {
+impl<S: Clone, IB> Clone for IdempotencyClient<S, IB> {
+    fn clone(&self) -> Self {
+        Self::new(self.inner.clone(), Arc::clone(&self.policy), self.kind)
+    }
+}
+
+impl<S: fmt::Debug, IB> fmt::Debug for IdempotencyClient<S, IB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyClient")
+            .field("inner", &self.inner)
+            .field("policy", &self.policy)
+            .field("kind", &self.kind)
+            .finish()
+    }
+}
+
+impl<S, IB> IdempotencyClient<S, IB> {
     pub(crate) fn new(inner: S, policy: Arc<RetryPolicy>, kind: KeyKind) -> Self {
         Self {
             inner,
             policy,
             kind,
+            body: PhantomData,
         }
     }
 
@@ -49,9 +72,10 @@ impl<S> IdempotencyClient<S> {
     }
 }
 
-impl<S, B, RB> Service<Request<B>> for IdempotencyClient<S>
+impl<S, B, IB, RB> Service<Request<B>> for IdempotencyClient<S, IB>
 where
-    S: Service<Request<Full<Bytes>>, Response = Response<RB>> + Clone + Send + 'static,
+    S: Service<Request<IB>, Response = Response<RB>> + Clone + Send + 'static,
+    IB: RebuildBody + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError>,
     B: Body + Send + 'static,
@@ -81,14 +105,15 @@ enum Attempt<RB> {
     Failed(Cause, Option<BoxError>),
 }
 
-async fn deliver<S, B, RB>(
+async fn deliver<S, B, IB, RB>(
     inner: S,
     policy: Arc<RetryPolicy>,
     kind: KeyKind,
     request: Request<B>,
 ) -> Result<Response<RB>, ClientError>
 where
-    S: Service<Request<Full<Bytes>>, Response = Response<RB>> + Clone,
+    S: Service<Request<IB>, Response = Response<RB>> + Clone,
+    IB: RebuildBody,
     S::Error: Into<BoxError>,
     B: Body,
     B::Error: Into<BoxError>,
@@ -105,7 +130,7 @@ where
     let mut schedule = Schedule::start(policy);
 
     loop {
-        let mut request = Request::new(Full::new(body.clone()));
+        let mut request = Request::new(IB::rebuild(body.clone()));
         *request.method_mut() = parts.method.clone();
         *request.uri_mut() = parts.uri.clone();
         *request.version_mut() = parts.version;
@@ -166,13 +191,13 @@ where
     }
 }
 
-async fn send<S, RB>(
+async fn send<S, IB, RB>(
     mut inner: S,
-    request: Request<Full<Bytes>>,
+    request: Request<IB>,
     timeout: Option<Duration>,
 ) -> Attempt<RB>
 where
-    S: Service<Request<Full<Bytes>>, Response = Response<RB>>,
+    S: Service<Request<IB>, Response = Response<RB>>,
     S::Error: Into<BoxError>,
 {
     let call = async move {

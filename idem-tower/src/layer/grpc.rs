@@ -27,6 +27,13 @@ const GRPC_MESSAGE: &AsciiSet = &CONTROLS.add(b'%');
 /// not the handler's outcome: the key is released.
 const FINAL_CODES: [u32; 6] = [0, 3, 5, 6, 9, 11];
 
+/// `UNAVAILABLE`: transient, retry.
+pub(crate) const UNAVAILABLE: u32 = 14;
+/// `ABORTED`: idem's answer while the first call with the key runs.
+pub(crate) const ABORTED: u32 = 10;
+/// `RESOURCE_EXHAUSTED`: a throttle, or a message over the layer's cap.
+pub(crate) const RESOURCE_EXHAUSTED: u32 = 8;
+
 /// Whether a message is gRPC: its content type is `application/grpc`,
 /// with or without a `+proto`-style suffix or parameters.
 pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
