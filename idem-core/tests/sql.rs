@@ -15,7 +15,7 @@ use idem_core::conformance::{mysql_url, postgres_url, server_missing};
 use idem_core::sql::sqlx::mysql::MySqlPoolOptions;
 use idem_core::sql::sqlx::postgres::PgPoolOptions;
 use idem_core::sql::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-use idem_core::sql::{MySqlStore, PgStore, SqliteStore};
+use idem_core::sql::{MySqlStore, PgStore, SqliteStore, TxSlot};
 
 /// Short enough for the lock-timeout case to run quickly.
 const LOCK_TIMEOUT: Duration = Duration::from_secs(1);
@@ -205,7 +205,7 @@ async fn sqlite_writes_of_one_store_take_turns_instead_of_failing_busy() {
                 };
                 {
                     let handle = tx.handle();
-                    let mut guard = handle.slot::<Sqlite>().unwrap().lock().await;
+                    let mut guard = handle.get::<TxSlot<Sqlite>>().unwrap().lock().await;
                     sqlx::query("INSERT INTO effects (k) VALUES (?1)")
                         .bind(format!("tx-{n}"))
                         .execute(&mut **guard.as_mut().unwrap())
@@ -389,7 +389,7 @@ async fn postgres_transactional_claims_write_their_record_at_commit() {
     let write = |tx: &dyn OpenTransaction, effect: String| {
         let handle = tx.handle();
         async move {
-            let mut guard = handle.slot::<Postgres>().unwrap().lock().await;
+            let mut guard = handle.get::<TxSlot<Postgres>>().unwrap().lock().await;
             sqlx::query("INSERT INTO idem_test_pg_effects (k) VALUES ($1)")
                 .bind(effect)
                 .execute(&mut **guard.as_mut().unwrap())
@@ -431,7 +431,7 @@ async fn postgres_transactional_claims_write_their_record_at_commit() {
     {
         // Seen from inside the transaction itself.
         let handle = tx.handle();
-        let mut guard = handle.slot::<Postgres>().unwrap().lock().await;
+        let mut guard = handle.get::<TxSlot<Postgres>>().unwrap().lock().await;
         let inside: i64 =
             sqlx::query_scalar("SELECT COUNT(*) FROM idem_records WHERE idem_key = $1")
                 .bind(first.as_str())

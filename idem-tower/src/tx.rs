@@ -6,7 +6,7 @@ use axum::extract::FromRequestParts;
 use axum::response::{IntoResponse, Response};
 use http::request::Parts;
 use idem_core::TxHandle;
-use idem_core::sql::{Dialect, TxGuard};
+use idem_core::sql::{Dialect, TxGuard, TxSlot};
 
 use crate::Problem;
 
@@ -86,7 +86,7 @@ impl<S: Send + Sync, DB: Dialect> FromRequestParts<S> for Tx<DB> {
         let slot = parts
             .extensions
             .get::<TxHandle>()
-            .and_then(TxHandle::slot::<DB>)
+            .and_then(TxHandle::get::<TxSlot<DB>>)
             .cloned()
             .ok_or(TxRejection)?;
         let guard = slot.lock().await;

@@ -199,10 +199,6 @@ impl Dialect for MySql {
             || has_code(err, &["40001"])
     }
 
-    fn handle(slot: super::TxSlot<Self>) -> crate::store::TxHandle {
-        crate::store::TxHandle::MySql(slot)
-    }
-
     #[cfg(feature = "guards")]
     const BLOB: &'static str = "LONGBLOB";
     #[cfg(feature = "guards")]

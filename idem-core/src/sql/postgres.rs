@@ -263,10 +263,6 @@ impl Dialect for Postgres {
         has_code(err, &["55P03", "40P01"])
     }
 
-    fn handle(slot: super::TxSlot<Self>) -> crate::store::TxHandle {
-        crate::store::TxHandle::Postgres(slot)
-    }
-
     #[cfg(feature = "guards")]
     const BLOB: &'static str = "BYTEA";
     #[cfg(feature = "guards")]

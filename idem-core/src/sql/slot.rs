@@ -13,9 +13,9 @@ const TAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The open transaction of a transactional claim, shared between the
 /// claim's owner (which commits or rolls it back) and the handler (which
-/// borrows it to write in). Handed out as a [`TxHandle`](crate::store::TxHandle);
-/// idem-tower puts it in the request's extensions, where its `Tx`
-/// extractor finds it.
+/// borrows it to write in). Lent through a [`TxHandle`](crate::store::TxHandle)
+/// (`handle.get::<TxSlot<DB>>()`); idem-tower puts the handle in the
+/// request's extensions, where its `Tx` extractor finds it.
 pub struct TxSlot<DB: sqlx::Database> {
     tx: Arc<Mutex<Option<sqlx::Transaction<'static, DB>>>>,
 }

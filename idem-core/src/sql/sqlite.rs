@@ -190,10 +190,6 @@ impl Dialect for Sqlite {
         has_code(err, &["5", "261", "517"])
     }
 
-    fn handle(slot: super::TxSlot<Self>) -> crate::store::TxHandle {
-        crate::store::TxHandle::Sqlite(slot)
-    }
-
     #[cfg(feature = "guards")]
     const BLOB: &'static str = "BLOB";
     #[cfg(feature = "guards")]

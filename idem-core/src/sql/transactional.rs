@@ -167,7 +167,7 @@ struct SqlOpenTransaction<DB: Dialect> {
 
 impl<DB: Dialect> OpenTransaction for SqlOpenTransaction<DB> {
     fn handle(&self) -> TxHandle {
-        DB::handle(self.slot.clone())
+        TxHandle::new(self.slot.clone())
     }
 
     fn commit<'a>(

@@ -11,6 +11,8 @@
 //! rolls everything back: the business writes and the claim together, so a
 //! retry finds the key free and the data untouched.
 
+use std::any::Any;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::BoxFuture;
@@ -73,47 +75,49 @@ pub trait OpenTransaction: Send + 'static {
     fn rollback(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>>;
 }
 
-/// A shared handle on the open transaction of a claim, typed by database:
-/// the handler borrows the transaction through it while the claim's owner
-/// keeps the right to commit or roll back (see
-/// [`TxSlot`](crate::sql::TxSlot)).
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub enum TxHandle {
-    /// A PostgreSQL transaction.
-    #[cfg(feature = "postgres")]
-    Postgres(crate::sql::TxSlot<sqlx::Postgres>),
-    /// A MySQL or MariaDB transaction.
-    #[cfg(feature = "mysql")]
-    MySql(crate::sql::TxSlot<sqlx::MySql>),
-    /// A SQLite transaction.
-    #[cfg(feature = "sqlite")]
-    Sqlite(crate::sql::TxSlot<sqlx::Sqlite>),
+/// A shared handle on the open transaction of a claim: the handler borrows
+/// the transaction through it while the claim's owner keeps the right to
+/// commit or roll it back.
+///
+/// The handle holds whatever the store lends its handlers, of any type:
+/// the SQL stores lend a [`TxSlot`](crate::sql::TxSlot) of their database
+/// (which idem-tower's `Tx` extractor asks for), and a store of your own
+/// (on tokio-postgres, diesel-async, a DynamoDB transaction, ...) lends its
+/// own type, which your handlers' extractor asks for the same way. Cloning
+/// the handle shares the one value.
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use idem_core::TxHandle;
+///
+/// /// A store's transaction, as its handlers borrow it.
+/// #[derive(Clone, Default)]
+/// struct MyTransaction(Arc<Mutex<Vec<String>>>);
+///
+/// let handle = TxHandle::new(MyTransaction::default());
+/// let lent = handle.clone();
+/// lent.get::<MyTransaction>().expect("lent by my store").0.lock().unwrap().push("INSERT ...".into());
+/// assert_eq!(handle.get::<MyTransaction>().unwrap().0.lock().unwrap().len(), 1);
+/// assert!(handle.get::<String>().is_none(), "another store's type");
+/// ```
+#[derive(Clone)]
+pub struct TxHandle(Arc<dyn Any + Send + Sync>);
+
+impl TxHandle {
+    /// A handle lending `transaction`: what the store's handlers write
+    /// through. It is shared, not copied, by every clone of the handle.
+    pub fn new<T: Any + Send + Sync>(transaction: T) -> Self {
+        Self(Arc::new(transaction))
+    }
+
+    /// The lent transaction, if it is a `T`.
+    pub fn get<T: Any>(&self) -> Option<&T> {
+        self.0.downcast_ref()
+    }
 }
 
-#[cfg(feature = "sql")]
-impl TxHandle {
-    /// The transaction's slot, if it is a transaction on `DB`.
-    ///
-    /// ```no_run
-    /// # #[cfg(feature = "postgres")]
-    /// # async fn run(handle: idem_core::TxHandle) {
-    /// use idem_core::sql::sqlx::Postgres;
-    ///
-    /// let slot = handle.slot::<Postgres>().expect("a PostgreSQL transaction");
-    /// let mut guard = slot.lock().await;
-    /// let conn = guard.as_mut().expect("still open");
-    /// # let _ = conn; }
-    /// ```
-    pub fn slot<DB: crate::sql::Dialect>(&self) -> Option<&crate::sql::TxSlot<DB>> {
-        let slot: &dyn std::any::Any = match *self {
-            #[cfg(feature = "postgres")]
-            Self::Postgres(ref slot) => slot,
-            #[cfg(feature = "mysql")]
-            Self::MySql(ref slot) => slot,
-            #[cfg(feature = "sqlite")]
-            Self::Sqlite(ref slot) => slot,
-        };
-        slot.downcast_ref()
+impl std::fmt::Debug for TxHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TxHandle").finish_non_exhaustive()
     }
 }

@@ -17,6 +17,7 @@ mod callers;
 #[cfg(feature = "axum")]
 mod extractors;
 mod failures;
+mod foreign_store;
 mod grpc;
 #[cfg(feature = "grpc")]
 mod grpc_server;

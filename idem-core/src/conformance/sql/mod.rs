@@ -23,7 +23,7 @@ pub use transactions::{
 };
 
 use super::LONG;
-use crate::sql::{Dialect, SqlStore};
+use crate::sql::{Dialect, SqlStore, TxSlot};
 use crate::store::{OpenTransaction, TransactionalStore, TxClaim};
 use crate::{Fingerprint, IdempotencyKey, Outcome, OwnerToken, StoredResponse};
 
@@ -134,7 +134,9 @@ async fn claim_and_write<DB: TestSql>(
         panic!("expected to acquire, got {claim:?}");
     };
     let handle = tx.handle();
-    let slot = handle.slot::<DB>().expect("a transaction on this database");
+    let slot = handle
+        .get::<TxSlot<DB>>()
+        .expect("a transaction on this database");
     let mut guard = slot.lock().await;
     let conn: &mut DB::Connection = guard.as_mut().expect("an open transaction");
     DB::exec_on(

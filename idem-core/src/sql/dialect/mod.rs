@@ -253,11 +253,6 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
     #[doc(hidden)]
     fn is_lock_timeout(err: &sqlx::Error) -> bool;
 
-    /// The open transaction of a claim, as the handle its handler borrows
-    /// it through.
-    #[doc(hidden)]
-    fn handle(slot: super::TxSlot<Self>) -> crate::store::TxHandle;
-
     // ----- the guards -----
 
     /// The type of a column of bytes of any length.
