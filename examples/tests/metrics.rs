@@ -7,7 +7,7 @@
 mod support;
 
 use idem_tower::core::conformance::{redis_url, server_missing};
-use idem_tower::core::redis::redis;
+use idem_tower::redis::redis;
 use serde_json::Value;
 use support::{Orders, account, metric, samples, scrape, unique};
 

@@ -87,9 +87,16 @@ impl Error {
 
     /// The answer to an owner-fenced write (complete, release, renew):
     /// `Ok` if it happened, [`ErrorKind::LeaseLost`] if the record was no
-    /// longer the owner's.
-    #[cfg(any(feature = "sql", feature = "redis"))]
-    pub(crate) fn fenced(done: bool) -> Result<(), Self> {
+    /// longer the owner's. For store authors: `done` is whether the
+    /// backend's compare-and-set found the owner and wrote.
+    ///
+    /// ```
+    /// use idem_core::{Error, ErrorKind};
+    ///
+    /// assert!(Error::fenced(true).is_ok());
+    /// assert_eq!(Error::fenced(false).unwrap_err().kind(), ErrorKind::LeaseLost);
+    /// ```
+    pub fn fenced(done: bool) -> Result<(), Self> {
         if done {
             Ok(())
         } else {

@@ -57,13 +57,6 @@ mod store;
 #[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
 mod memory;
 
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub mod redis;
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub mod tiered;
-
 #[cfg(feature = "sql")]
 #[cfg_attr(
     docsrs,
@@ -90,7 +83,6 @@ pub mod conformance;
 )]
 pub mod guards;
 
-#[cfg(any(feature = "sql", feature = "redis"))]
 mod time;
 
 pub use error::{BoxError, Error, ErrorKind};
@@ -106,3 +98,4 @@ pub use response::StoredResponse;
 pub use store::{
     BoxFuture, DynStore, IdempotencyStore, OpenTransaction, TransactionalStore, TxClaim, TxHandle,
 };
+pub use time::expiry_millis;

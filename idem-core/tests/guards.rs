@@ -18,6 +18,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ::redis::aio::ConnectionManager;
 use idem_core::ErrorKind;
 use idem_core::conformance::sql::TestSql;
 use idem_core::conformance::{redis_url, server_missing};
@@ -25,7 +26,6 @@ use idem_core::guards::{
     Counter, CounterUpdate, Delivery, DuplicateOf, GuardDb, Inbox, LifecycleState, ProcessError,
     Processed, RedisLock, RedisTokens, SqlTokens, StateMachine, TokenUse, Transition,
 };
-use idem_core::redis::redis::aio::ConnectionManager;
 use idem_core::sql::sqlx::Pool;
 use tokio::sync::Barrier;
 
@@ -35,7 +35,7 @@ use support::{Table, mysql, nonce, postgres, sqlite};
 
 async fn redis() -> Option<ConnectionManager> {
     let url = redis_url();
-    let client = match idem_core::redis::redis::Client::open(url.as_str()) {
+    let client = match ::redis::Client::open(url.as_str()) {
         Ok(client) => client,
         Err(err) => return server_missing("Redis", &url, err),
     };

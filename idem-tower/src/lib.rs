@@ -96,7 +96,7 @@
 //! | `TieredStore::new(gate, truth)` | `redis` + a SQL feature | Redis in front of a SQL store: duplicates answered by Redis, SQL's unique index the bottom line; Redis failures degrade to SQL alone; `TieredStore::builder(gate, truth)` sets the gate timeout, the breaker and an in-process cache |
 //!
 //! idem-core's docs for each store (`idem_tower::core::sql`,
-//! `idem_tower::core::redis`, `idem_tower::core::tiered`) give the details:
+//! `idem_tower::redis`, `idem_tower::redis::tiered`) give the details:
 //! tables, scripts, the circuit breaker.
 //!
 //! # Leases
@@ -231,10 +231,13 @@ pub use idem_core::sql::PgStore;
 pub use idem_core::sql::SqliteStore;
 pub use idem_core::{Error, ErrorKind, FingerprintSpec, KeyTemplate};
 #[cfg(feature = "redis")]
-pub use idem_core::{
-    redis::{RedisStore, SentinelConnection},
-    tiered::TieredStore,
-};
+pub use idem_redis::{RedisStore, SentinelConnection, TieredStore};
+
+/// The Redis stores' crate (feature `redis`): `redis::redis` is the redis
+/// crate they are built on, `redis::tiered` the tiered store's parts.
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use idem_redis as redis;
 
 /// The core crate, for store authors and lower-level use.
 #[doc(inline)]

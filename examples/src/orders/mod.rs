@@ -40,12 +40,10 @@ use std::sync::Arc;
 
 use axum::extract::FromRef;
 use idem_tower::core::IdempotencyStore;
-use idem_tower::core::redis::SentinelConnection;
-use idem_tower::core::redis::redis;
-use idem_tower::core::redis::redis::aio::{
-    ConnectionLike, ConnectionManager, ConnectionManagerConfig,
-};
-use idem_tower::core::tiered::TierCounters;
+use idem_tower::redis::SentinelConnection;
+use idem_tower::redis::redis;
+use idem_tower::redis::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use idem_tower::redis::tiered::TierCounters;
 use idem_tower::{
     Idempotency, IdempotencyBuilder, MemoryStore, MySqlStore, PgStore, RedisStore, Resolver,
     SqliteStore, TieredStore,

@@ -15,7 +15,7 @@ mod apps;
 mod checker;
 mod postgres;
 mod proxy;
-#[path = "../../../idem-core/tests/support/redis_servers.rs"]
+#[path = "../../../idem-redis/tests/support/redis_servers.rs"]
 mod redis_servers;
 mod scenarios;
 #[path = "../support/mod.rs"]

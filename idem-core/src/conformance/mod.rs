@@ -11,7 +11,6 @@
 
 mod leases;
 mod records;
-#[cfg(feature = "redis")]
 mod redis_server;
 mod servers;
 #[cfg(feature = "sql")]
@@ -31,7 +30,6 @@ pub use records::{
     keys_are_independent, not_replayable_outcome_is_kept, only_the_owner_moves_the_record,
     release_then_reclaim,
 };
-#[cfg(feature = "redis")]
 pub use redis_server::{RedisServer, free_port, redis_cli_says, wait_until};
 pub use servers::{mysql_url, postgres_url, redis_url, server_missing, server_url};
 

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::sql::{Ident, Params, Value, check_short_text, create_table, db_error, is_retryable};
+use crate::expiry_millis;
 use crate::sql::Dialect;
 use crate::store::BoxFuture;
-use crate::time::millis;
 use crate::{Error, ErrorKind};
 
 /// The table [`Inbox`] keeps its log in unless told otherwise.
@@ -321,7 +321,10 @@ impl<DB: Dialect> Inbox<DB> {
             DB::now_plus_ms(&p.next()),
             t = self.inner.table,
         );
-        let args = [Value::Text(&self.inner.consumer), Value::Int(-millis(age))];
+        let args = [
+            Value::Text(&self.inner.consumer),
+            Value::Int(-expiry_millis(age)),
+        ];
         let mut conn = self.inner.pool.acquire().await.map_err(db_error)?;
         DB::execute(&mut *conn, sql, &args).await.map_err(db_error)
     }

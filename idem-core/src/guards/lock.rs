@@ -10,7 +10,7 @@ use ::redis::Script;
 use ::redis::aio::ConnectionLike;
 
 use crate::Error;
-use crate::time::millis;
+use crate::expiry_millis;
 
 /// Compare-and-delete: deletes KEYS[1] only if it still holds ARGV[1].
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
@@ -40,7 +40,7 @@ static RENEW: LazyLock<Script> = LazyLock::new(|| {
 /// A named lock in Redis, on your connection (a
 /// `redis::aio::ConnectionManager` or a
 /// `redis::cluster_async::ClusterConnection`, as for
-/// [`RedisStore`](crate::redis::RedisStore)): `SET key owner NX PX lease` to
+/// idem-redis's `RedisStore`): `SET key owner NX PX lease` to
 /// take it, Lua compare-and-delete to release it, Lua compare-and-pexpire to
 /// renew it.
 ///
@@ -118,7 +118,7 @@ where
             .arg(&owner)
             .arg("NX")
             .arg("PX")
-            .arg(millis(self.lease))
+            .arg(expiry_millis(self.lease))
             .query_async(&mut self.conn.clone())
             .await
             .map_err(Error::unavailable)?;
@@ -178,7 +178,7 @@ impl<C: ConnectionLike + Clone> GuardInner<C> {
         let renewed: i64 = RENEW
             .key(&self.key)
             .arg(&self.owner)
-            .arg(millis(self.lease))
+            .arg(expiry_millis(self.lease))
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(Error::unavailable)?;

@@ -26,7 +26,7 @@
 //! database feature (`postgres`, `mysql`, `sqlite`), the Redis ones with
 //! `redis`. They run on the same databases as the SQL stores (bounds name
 //! them as `idem_core::sql::Dialect`, or `GuardDb` here) and on the same
-//! Redis connections as `idem_core::redis::RedisStore`.
+//! Redis connections as idem-redis's `RedisStore`.
 //!
 //! # In your transaction
 //!

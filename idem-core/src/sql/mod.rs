@@ -341,7 +341,7 @@ impl<DB: Dialect> SqlStore<DB> {
                 key: key.as_str(),
                 fingerprint,
                 owner: &owner,
-                lease_ms: millis(lease),
+                lease_ms: expiry_millis(lease),
             };
             let queries = &self.inner.queries;
             let step = if in_transaction {
@@ -369,7 +369,7 @@ pub(crate) fn key_hash(key: &IdempotencyKey) -> [u8; 32] {
     *blake3::hash(key.as_str().as_bytes()).as_bytes()
 }
 
-use crate::time::millis;
+use crate::expiry_millis;
 
 /// Maps a database error to the store error contract.
 fn unavailable(err: sqlx::Error) -> Error {

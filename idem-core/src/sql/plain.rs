@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use super::batch::Write;
-use super::{Dialect, SqlStore, key_hash, millis, unavailable};
+use super::{Dialect, SqlStore, key_hash, unavailable};
+use crate::expiry_millis;
 use crate::store::TransactionalStore;
 use crate::{Claim, Error, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken};
 
@@ -65,7 +66,7 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
             key_hash: key_hash(key),
             owner: *owner,
             outcome: outcome.encode(),
-            ttl_ms: millis(ttl),
+            ttl_ms: expiry_millis(ttl),
         };
         self.write(complete).await?.fenced()
     }
@@ -87,7 +88,7 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         let renew = Write::Renew {
             key_hash: key_hash(key),
             owner: *owner,
-            lease_ms: millis(lease),
+            lease_ms: expiry_millis(lease),
         };
         self.write(renew).await?.fenced()
     }

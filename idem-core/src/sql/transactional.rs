@@ -7,7 +7,8 @@
 use std::time::Duration;
 
 use super::open::{Check, Held, Marked};
-use super::{ClaimArgs, Dialect, SqlStore, Turn, TxSlot, key_hash, millis, unavailable};
+use super::{ClaimArgs, Dialect, SqlStore, Turn, TxSlot, key_hash, unavailable};
+use crate::expiry_millis;
 use crate::store::{BoxFuture, OpenTransaction, TransactionalStore, TxClaim, TxHandle};
 use crate::{Claim, Duplicate, Error, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
 
@@ -189,7 +190,7 @@ impl<DB: Dialect> OpenTransaction for SqlOpenTransaction<DB> {
                 &self.store.inner.queries,
                 args,
                 &outcome.encode(),
-                millis(ttl),
+                expiry_millis(ttl),
             )
             .await
             .map_err(unavailable)?;

@@ -20,9 +20,9 @@ use std::time::Duration;
 use super::Outbox;
 use super::event::PendingEvent;
 use crate::Error;
+use crate::expiry_millis;
 use crate::guards::sql::{Params, Value, db_error};
 use crate::sql::Dialect;
-use crate::time::millis;
 
 /// A batch claimed by one relay: its events, in sequence order, and the
 /// token its lease is held under.
@@ -93,7 +93,7 @@ impl<DB: Dialect> Outbox<DB> {
                      AND (e.locked_until > {now} OR e.next_attempt_at > {now})) \
                ORDER BY o.seq LIMIT {limit}) claimable)"
         );
-        let args = [Value::Text(&token), Value::Int(millis(lease))];
+        let args = [Value::Text(&token), Value::Int(expiry_millis(lease))];
         DB::execute(&mut tx, lease_batch, &args)
             .await
             .map_err(db_error)?;
@@ -152,7 +152,7 @@ impl<DB: Dialect> Outbox<DB> {
             p.next(),
         );
         let args = [
-            Value::Int(millis(delay)),
+            Value::Int(expiry_millis(delay)),
             Value::Int(seq),
             Value::Text(token),
         ];
@@ -184,7 +184,7 @@ impl<DB: Dialect> Outbox<DB> {
             before = DB::now_plus_ms(&p.next()),
             limit = batch.max(1),
         );
-        self.run(sql, &[Value::Int(-millis(age))]).await
+        self.run(sql, &[Value::Int(-expiry_millis(age))]).await
     }
 
     async fn run(&self, sql: String, args: &[Value<'_>]) -> Result<u64, Error> {

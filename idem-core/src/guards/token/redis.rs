@@ -10,7 +10,7 @@ use ::redis::aio::ConnectionLike;
 
 use super::{ConsumedToken, OneTimeToken, TokenUse, ttl_from_ms};
 use crate::Error;
-use crate::time::millis;
+use crate::expiry_millis;
 
 /// Compare-and-delete: deletes KEYS[1] if it holds ARGV[1] (the subject)
 /// and answers the milliseconds it had left; nil otherwise.
@@ -30,7 +30,7 @@ static CONSUME: LazyLock<Script> = LazyLock::new(|| {
 /// One-time tokens in Redis, on your connection (a
 /// `redis::aio::ConnectionManager` or a
 /// `redis::cluster_async::ClusterConnection`, as for
-/// [`RedisStore`](crate::redis::RedisStore)): `SET NX PX` to issue, a Lua
+/// idem-redis's `RedisStore`): `SET NX PX` to issue, a Lua
 /// compare-and-delete (`EVALSHA`) to consume.
 ///
 /// Redis may lose a token (eviction, failover): the user then sees
@@ -111,7 +111,7 @@ where
             .arg(subject)
             .arg("NX")
             .arg("PX")
-            .arg(millis(ttl))
+            .arg(expiry_millis(ttl))
             .query_async(&mut self.conn.clone())
             .await
             .map_err(Error::unavailable)?;

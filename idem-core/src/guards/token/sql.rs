@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use super::{ConsumedToken, OneTimeToken, TokenUse, ttl_from_ms};
 use crate::Error;
+use crate::expiry_millis;
 use crate::guards::sql::{Ident, Params, Value, check_short_text, create_table, db_error};
 use crate::sql::Dialect;
-use crate::time::millis;
 
 /// The table [`SqlTokens`] keeps tokens in unless told otherwise.
 pub const DEFAULT_TOKEN_TABLE: &str = "idem_tokens";
@@ -121,7 +121,7 @@ impl<DB: Dialect> SqlTokens<DB> {
         check_short_text("a token subject", subject)?;
         let token = OneTimeToken::generate();
         let mut conn = self.inner.pool.acquire().await.map_err(db_error)?;
-        self.insert(&mut *conn, &token, subject, millis(ttl))
+        self.insert(&mut *conn, &token, subject, expiry_millis(ttl))
             .await?;
         Ok(token)
     }
@@ -232,7 +232,7 @@ impl<DB: Dialect> SqlTokens<DB> {
             &mut *conn,
             &consumed.token,
             &consumed.subject,
-            millis(consumed.ttl_left),
+            expiry_millis(consumed.ttl_left),
         )
         .await
     }

@@ -103,7 +103,7 @@ pub(super) async fn claim(
                     k: key.as_str(),
                     o: hex::encode(owner.as_bytes()),
                     f: hex::encode(fingerprint.as_bytes()),
-                    l: crate::time::millis(*lease),
+                    l: crate::expiry_millis(*lease),
                 },
             )),
             _ => None,

@@ -18,12 +18,11 @@
 //!   handler): the gate never decides that a request may run.
 //!
 //! ```no_run
-//! # #[cfg(feature = "postgres")]
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::time::Duration;
-//! use idem_core::redis::RedisStore;
+//! use idem_redis::RedisStore;
 //! use idem_core::sql::{PgStore, sqlx::PgPool};
-//! use idem_core::tiered::TieredStore;
+//! use idem_redis::tiered::TieredStore;
 //!
 //! let truth = PgStore::new(PgPool::connect("postgres://localhost/app").await?);
 //! truth.migrate().await?;
@@ -51,9 +50,9 @@ use breaker::{Breaker, Transition};
 pub use builder::TieredStoreBuilder;
 pub use counters::{TierCounters, TierStats};
 
-use crate::redis::RedisStore;
-use crate::store::TransactionalStore;
-use crate::{
+use crate::RedisStore;
+use idem_core::TransactionalStore;
+use idem_core::{
     Claim, Duplicate, Error, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken,
 };
 
@@ -148,7 +147,7 @@ where
             return None;
         }
         match tokio::time::timeout(inner.gate_timeout, op).await {
-            Ok(Err(err)) if err.kind() == crate::ErrorKind::Unavailable => {
+            Ok(Err(err)) if err.kind() == idem_core::ErrorKind::Unavailable => {
                 self.gate_failed(&err);
                 None
             }

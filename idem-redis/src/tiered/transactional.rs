@@ -7,8 +7,8 @@ use std::time::Duration;
 use ::redis::aio::ConnectionLike;
 
 use super::{GateStep, TierCounters, TieredStore};
-use crate::store::{BoxFuture, OpenTransaction, TransactionalStore, TxClaim, TxHandle};
-use crate::{
+use idem_core::{BoxFuture, OpenTransaction, TransactionalStore, TxClaim, TxHandle};
+use idem_core::{
     Duplicate, Error, ErrorKind, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken,
 };
 

@@ -9,12 +9,12 @@
 //! expiry.
 //!
 //! Redis keeps records in memory: an eviction, an expiry or a failover loses
-//! them. Use it in front of a SQL store ([`TieredStore`](crate::tiered::TieredStore)),
+//! them. Use it in front of a SQL store ([`TieredStore`](crate::TieredStore)),
 //! not alone, where a duplicate is lost money.
 //!
 //! ```no_run
 //! # async fn run() -> redis::RedisResult<()> {
-//! use idem_core::redis::RedisStore;
+//! use idem_redis::RedisStore;
 //!
 //! let client = redis::Client::open("redis://127.0.0.1:6379")?;
 //! let store = RedisStore::new(client.get_connection_manager().await?);
@@ -23,15 +23,7 @@
 //!
 //! Keys are hash-tagged (`idem:{...}`), so a Redis Cluster connection
 //! (`redis::cluster_async::ClusterConnection`) works as well. Behind Redis
-//! Sentinel, [`SentinelConnection`] follows a failover to the new primary.
-
-/// The redis crate this store is built on, so your connection is the very
-/// type the store takes.
-pub use ::redis;
-
-mod sentinel;
-
-pub use sentinel::SentinelConnection;
+//! Sentinel, [`SentinelConnection`](crate::SentinelConnection) follows a failover to the new primary.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -39,7 +31,7 @@ use std::time::Duration;
 use ::redis::Script;
 use ::redis::aio::ConnectionLike;
 
-use crate::{
+use idem_core::{
     Claim, Error, ErrorKind, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken,
     Record,
 };
@@ -50,7 +42,7 @@ static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("rene
 
 /// Idempotency records in Redis, on your connection: a
 /// `redis::aio::ConnectionManager` (reconnects by itself, cheap to clone), a
-/// `redis::cluster_async::ClusterConnection`, or a [`SentinelConnection`].
+/// `redis::cluster_async::ClusterConnection`, or a [`SentinelConnection`](crate::SentinelConnection).
 #[derive(Clone)]
 pub struct RedisStore<C> {
     conn: C,
@@ -117,7 +109,7 @@ where
             .arg(key.as_str())
             .arg(&record.encode()[..])
             .arg("PX")
-            .arg(millis(px))
+            .arg(expiry_millis(px))
             .exec_async(&mut self.conn.clone())
             .await
             .map_err(unavailable)
@@ -133,7 +125,7 @@ where
     }
 }
 
-use crate::time::millis;
+use idem_core::expiry_millis;
 
 fn unavailable(err: ::redis::RedisError) -> Error {
     Error::new(ErrorKind::Unavailable, err)
@@ -160,7 +152,7 @@ where
             .arg(&record.encode()[..])
             .arg("NX")
             .arg("PX")
-            .arg(millis(lease))
+            .arg(expiry_millis(lease))
             .arg("GET")
             .query_async(&mut conn)
             .await
@@ -197,7 +189,7 @@ where
             .key(key.as_str())
             .arg(&owner.as_bytes()[..])
             .arg(&outcome.encode()[..])
-            .arg(millis(ttl))
+            .arg(expiry_millis(ttl))
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(unavailable)?;
@@ -223,7 +215,7 @@ where
         let done: i64 = RENEW
             .key(key.as_str())
             .arg(&owner.as_bytes()[..])
-            .arg(millis(lease))
+            .arg(expiry_millis(lease))
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(unavailable)?;

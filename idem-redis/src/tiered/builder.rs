@@ -8,8 +8,8 @@ use ::redis::aio::ConnectionLike;
 
 use super::breaker::Breaker;
 use super::{Inner, TieredStore};
-use crate::IdempotencyStore;
-use crate::redis::RedisStore;
+use crate::RedisStore;
+use idem_core::IdempotencyStore;
 
 /// Configures a [`TieredStore`]; made by [`TieredStore::builder`].
 #[must_use]

@@ -1,17 +1,16 @@
 //! The tiered store (Redis gate, PostgreSQL truth) against real servers:
 //! the conformance suite, answers from Redis alone, SQL catching what Redis
 //! lost, and a Redis outage in the middle of traffic.
-#![cfg(all(feature = "test-util", feature = "redis", feature = "postgres"))]
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::conformance::{RedisServer, postgres_url, redis_url, server_missing};
-use idem_core::redis::RedisStore;
 use idem_core::sql::PgStore;
 use idem_core::sql::sqlx::postgres::PgPoolOptions;
-use idem_core::tiered::{BreakerState, TieredStore};
 use idem_core::{Claim, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken};
+use idem_redis::RedisStore;
+use idem_redis::tiered::{BreakerState, TieredStore};
 use redis::aio::ConnectionManager;
 
 type Tiered = TieredStore<ConnectionManager, PgStore>;

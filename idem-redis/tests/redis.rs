@@ -1,9 +1,8 @@
 //! The store conformance suite against a real Redis (`IDEM_TEST_REDIS_URL`,
 //! default `redis://127.0.0.1:6379`).
-#![cfg(all(feature = "test-util", feature = "redis"))]
 
 use idem_core::conformance::{redis_url, server_missing};
-use idem_core::redis::RedisStore;
+use idem_redis::RedisStore;
 use redis::aio::ConnectionManager;
 
 async fn redis() -> Option<RedisStore<ConnectionManager>> {
@@ -26,7 +25,7 @@ mod cluster {
     use std::sync::OnceLock;
 
     use idem_core::conformance::{RedisServer, redis_cli_says, wait_until};
-    use idem_core::redis::RedisStore;
+    use idem_redis::RedisStore;
     use redis::cluster::ClusterClient;
     use redis::cluster_async::ClusterConnection;
 

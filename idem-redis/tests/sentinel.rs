@@ -6,15 +6,14 @@
 //! and which writes are there afterwards. The others: wrong URLs fail at
 //! `open`, concurrent commands share one lookup, and the store conformance
 //! suite passes on the connection.
-#![cfg(feature = "redis")]
 
 use std::time::{Duration, Instant};
 
 use http::{HeaderMap, StatusCode};
-use idem_core::redis::{RedisStore, SentinelConnection};
 use idem_core::{
     Claim, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken, StoredResponse,
 };
+use idem_redis::{RedisStore, SentinelConnection};
 use redis::{ErrorKind, RedisError, RedisResult, cmd};
 
 mod support {
@@ -438,7 +437,6 @@ async fn a_wrong_url_fails_at_open() {
 /// The store conformance suite on a `SentinelConnection`, its cases at
 /// once: every command a store sends (`SET NX GET`, `PTTL`, the Lua scripts
 /// loaded on first use) goes through it.
-#[cfg(feature = "test-util")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_store_conformance_suite_passes_on_it() {
     use idem_core::conformance as suite;

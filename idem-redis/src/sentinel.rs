@@ -34,7 +34,7 @@ const SENTINEL_PORT: u16 = 26379;
 ///
 /// ```no_run
 /// # async fn run() -> redis::RedisResult<()> {
-/// use idem_core::redis::{RedisStore, SentinelConnection};
+/// use idem_redis::{RedisStore, SentinelConnection};
 ///
 /// let store = RedisStore::new(
 ///     SentinelConnection::open("redis+sentinel://127.0.0.1:26379/mymaster").await?,
@@ -53,7 +53,7 @@ const SENTINEL_PORT: u16 = 26379;
 ///   retried, not even a read. A write whose outcome is unknown (the primary
 ///   may have applied `SET NX` before it died) must not be sent again and
 ///   have its second answer read as the first. The
-///   [`TieredStore`](crate::tiered::TieredStore) in front of SQL already
+///   [`TieredStore`](crate::TieredStore) in front of SQL already
 ///   degrades to SQL on errors, and its circuit breaker probes the gate until
 ///   it answers again.
 /// - Commands keep failing until the sentinels name a new primary (their
@@ -180,12 +180,12 @@ impl SentinelConnection {
     /// [`open`](Self::open) without asking the sentinels yet: only the URL
     /// is checked, and the first command finds the primary. For a service
     /// that must start while Redis has no primary (mid-failover, or down):
-    /// in front of SQL, the [`TieredStore`](crate::tiered::TieredStore)
+    /// in front of SQL, the [`TieredStore`](crate::TieredStore)
     /// serves from SQL alone until the gate answers.
     ///
     /// ```no_run
     /// # fn run() -> redis::RedisResult<()> {
-    /// use idem_core::redis::{RedisStore, SentinelConnection};
+    /// use idem_redis::{RedisStore, SentinelConnection};
     ///
     /// let store = RedisStore::new(SentinelConnection::open_lazy(
     ///     "redis+sentinel://127.0.0.1:26379/mymaster",
