@@ -14,13 +14,13 @@ use axum::routing::post;
 use axum::{Json, Router};
 use axum_idempotent::{IdempotentLayer, IdempotentOptions};
 use idem_tower::core::IdempotencyStore;
-use idem_tower::core::sql::Dialect;
-use idem_tower::core::sql::sqlx::postgres::PgPoolOptions;
-use idem_tower::core::sql::sqlx::sqlite::{
+use idem_tower::redis::redis;
+use idem_tower::sql::Dialect;
+use idem_tower::sql::sqlx::postgres::PgPoolOptions;
+use idem_tower::sql::sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
 };
-use idem_tower::core::sql::sqlx::{self, PgPool, Postgres, Sqlite, SqlitePool};
-use idem_tower::redis::redis;
+use idem_tower::sql::sqlx::{self, PgPool, Postgres, Sqlite, SqlitePool};
 use idem_tower::{
     HandlerRan, Idempotency, MemoryStore, PgStore, RedisStore, SqliteStore, TieredStore, Tx,
 };

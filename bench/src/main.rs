@@ -28,8 +28,8 @@ use bytes::Bytes;
 use clap::Parser;
 use http::{HeaderName, HeaderValue, StatusCode, header};
 use idem_tower::core::conformance::RedisServer;
-use idem_tower::core::sql::sqlx;
 use idem_tower::redis::redis;
+use idem_tower::sql::sqlx;
 use tokio::runtime::{Handle, Runtime};
 
 use crate::apps::{Env, Kind, Server};

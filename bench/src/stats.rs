@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use idem_tower::core::sql::sqlx::{self, PgPool};
 use idem_tower::redis::redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use idem_tower::redis::redis::{self, Cmd, Pipeline, RedisFuture, Value};
+use idem_tower::sql::sqlx::{self, PgPool};
 
 /// A `ConnectionManager` that counts the commands sent through it: one
 /// relaxed atomic add per command, the same in every scenario that uses it.

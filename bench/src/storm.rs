@@ -13,7 +13,7 @@ use axum::extract::State;
 use axum::routing::post;
 use axum::{Json, Router};
 use http::StatusCode;
-use idem_tower::core::sql::sqlx::{self, PgPool, Postgres, postgres::PgPoolOptions};
+use idem_tower::sql::sqlx::{self, PgPool, Postgres, postgres::PgPoolOptions};
 use idem_tower::{Idempotency, PgStore, Tx};
 use tokio::runtime::Handle;
 

@@ -14,8 +14,8 @@
 //! consumer on NATS JetStream.
 #![allow(clippy::print_stdout, reason = "the example prints what happened")]
 
-use idem_tower::core::guards::{Inbox, ProcessError, Processed};
-use idem_tower::core::sql::sqlx::{self, sqlite::SqlitePoolOptions};
+use idem_tower::guards::{Inbox, ProcessError, Processed};
+use idem_tower::sql::sqlx::{self, sqlite::SqlitePoolOptions};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -19,8 +19,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::{FromRef, Path, State};
 use axum::{Router, http::StatusCode, routing::post};
-use idem_tower::core::guards::{LifecycleState, StateMachine, Transition};
-use idem_tower::core::sql::sqlx::{self, PgPool, Postgres};
+use idem_tower::guards::{LifecycleState, StateMachine, Transition};
+use idem_tower::sql::sqlx::{self, PgPool, Postgres};
 use idem_tower::{Idempotency, PgStore, Tx, idempotent};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,7 +16,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::{Json, Router, http::StatusCode, routing::post};
-use idem_tower::core::sql::sqlx::{self, PgPool, Postgres};
+use idem_tower::sql::sqlx::{self, PgPool, Postgres};
 use idem_tower::{Idempotency, PgStore, Tx, idempotent};
 use serde::Deserialize;
 use serde_json::{Value, json};

@@ -17,8 +17,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::{Json, Router, http::StatusCode, routing::post};
-use idem_tower::core::sql::sqlx::PgPool;
 use idem_tower::redis::redis;
+use idem_tower::sql::sqlx::PgPool;
 use idem_tower::{Idempotency, PgStore, RedisStore, TieredStore, idempotent};
 use serde_json::{Value, json};
 

@@ -3,7 +3,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use idem_tower::core::sql::sqlx::{
+use idem_tower::sql::sqlx::{
     self, MySqlPool, PgPool, SqlitePool,
     mysql::MySqlPoolOptions,
     postgres::PgPoolOptions,

@@ -37,7 +37,7 @@ use idem_examples::consumer::{Ledger, Reward, points};
 use idem_examples::orders::ORDERS_STREAM;
 use idem_examples::sql_pool::SqlPool;
 use idem_tower::core::conformance::{mysql_url, postgres_url, server_missing, server_url};
-use idem_tower::core::sql::sqlx::{self, AssertSqlSafe};
+use idem_tower::sql::sqlx::{self, AssertSqlSafe};
 use serde_json::Value;
 use support::{Orders, Spawned, handler_calls, metric, scrape, unique};
 
@@ -269,7 +269,7 @@ fn relay(db: &TestDb, nats: &Nats, name: &str, extra: &[&str]) -> Spawned {
         .args(["--idle-ms", "50", "--lease-ms", "1500"])
         .args(["--max-backoff-ms", "500", "--publish-timeout-ms", "1000"])
         .args(extra)
-        .env("RUST_LOG", "warn,idem_core::guards::outbox=debug");
+        .env("RUST_LOG", "warn,idem_guards::outbox=debug");
     Spawned::start(command, "relay ready")
 }
 

@@ -57,31 +57,9 @@ mod store;
 #[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
 mod memory;
 
-#[cfg(feature = "sql")]
-#[cfg_attr(
-    docsrs,
-    doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
-)]
-pub mod sql;
-
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod conformance;
-
-#[cfg(all(feature = "guards", any(feature = "sql", feature = "redis")))]
-#[cfg_attr(
-    docsrs,
-    doc(cfg(all(
-        feature = "guards",
-        any(
-            feature = "postgres",
-            feature = "mysql",
-            feature = "sqlite",
-            feature = "redis"
-        )
-    )))
-)]
-pub mod guards;
 
 mod time;
 

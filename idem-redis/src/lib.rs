@@ -4,7 +4,7 @@
 //!   claim (`SET NX PX GET`), completion, release and renewal fenced by the
 //!   owner token in Lua; on a `ConnectionManager`, a Cluster connection, or
 //!   a [`SentinelConnection`] that follows a failover.
-//! - [`TieredStore`](tiered::TieredStore): the Redis gate in front of a
+//! - [`TieredStore`]: the Redis gate in front of a
 //!   store of record (a SQL store), duplicates answered by Redis, the store
 //!   of record's unique index the bottom line, transactional mode through
 //!   it.

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::conformance::{RedisServer, postgres_url, redis_url, server_missing};
-use idem_core::sql::PgStore;
-use idem_core::sql::sqlx::postgres::PgPoolOptions;
 use idem_core::{Claim, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken};
 use idem_redis::RedisStore;
 use idem_redis::tiered::{BreakerState, TieredStore};
+use idem_sql::PgStore;
+use idem_sql::sqlx::postgres::PgPoolOptions;
 use redis::aio::ConnectionManager;
 
 type Tiered = TieredStore<ConnectionManager, PgStore>;

@@ -95,7 +95,7 @@
 //! | `RedisStore` | `redis` | the fast gate: one round trip per claim; alone only where losing a key is acceptable |
 //! | `TieredStore::new(gate, truth)` | `redis` + a SQL feature | Redis in front of a SQL store: duplicates answered by Redis, SQL's unique index the bottom line; Redis failures degrade to SQL alone; `TieredStore::builder(gate, truth)` sets the gate timeout, the breaker and an in-process cache |
 //!
-//! idem-core's docs for each store (`idem_tower::core::sql`,
+//! idem-core's docs for each store (`idem_tower::sql`,
 //! `idem_tower::redis`, `idem_tower::redis::tiered`) give the details:
 //! tables, scripts, the circuit breaker.
 //!
@@ -163,11 +163,11 @@
 //! - `redis`: `RedisStore`, and `TieredStore` to put it in front of a
 //!   SQL store as the fast gate; `SentinelConnection`, the gate's
 //!   connection behind Redis Sentinel (no other feature needed).
-//! - `guards`: the business-side guards in `idem_tower::core::guards`
+//! - `guards`: the business-side guards in `idem_tower::guards`
 //!   (state-machine compare-and-set, counters, one-time tokens, the inbox,
 //!   a lock), on the SQL and Redis features enabled.
 //! - `nats`: the outbox relay's NATS JetStream publisher
-//!   (`idem_tower::core::guards::JetStreamPublisher`; implies `guards`).
+//!   (`idem_tower::guards::JetStreamPublisher`; implies `guards`).
 //! - `grpc`: tonic servers: the layer takes tonic's request body and
 //!   forwards `NamedService`; gRPC calls are settled by their
 //!   `grpc-status` and answered with gRPC statuses (see [`layer`]).
@@ -224,12 +224,28 @@ pub use tx::{Tx, TxRejection};
 #[cfg(feature = "memory")]
 pub use idem_core::MemoryStore;
 #[cfg(feature = "mysql")]
-pub use idem_core::sql::MySqlStore;
+pub use idem_sql::MySqlStore;
 #[cfg(feature = "postgres")]
-pub use idem_core::sql::PgStore;
+pub use idem_sql::PgStore;
 #[cfg(feature = "sqlite")]
-pub use idem_core::sql::SqliteStore;
+pub use idem_sql::SqliteStore;
+
+/// The SQL stores' crate (features `postgres`, `mysql`, `sqlite`):
+/// `sql::sqlx` is the sqlx they are built on, so your pool is the very type
+/// the stores take; `sql::conformance` their suite (feature `test-util`).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
+)]
+pub use idem_sql as sql;
+
 pub use idem_core::{Error, ErrorKind, FingerprintSpec, KeyTemplate};
+/// The business-side guards' crate (feature `guards`): state machine,
+/// counters, one-time tokens, inbox, outbox and relay, lock.
+#[cfg(feature = "guards")]
+#[cfg_attr(docsrs, doc(cfg(feature = "guards")))]
+pub use idem_guards as guards;
 #[cfg(feature = "redis")]
 pub use idem_redis::{RedisStore, SentinelConnection, TieredStore};
 

@@ -6,7 +6,7 @@ use axum::extract::FromRequestParts;
 use axum::response::{IntoResponse, Response};
 use http::request::Parts;
 use idem_core::TxHandle;
-use idem_core::sql::{Dialect, TxGuard, TxSlot};
+use idem_sql::{Dialect, TxGuard, TxSlot};
 
 use crate::Problem;
 
@@ -22,7 +22,7 @@ use crate::Problem;
 /// ```no_run
 /// use axum::{Json, http::StatusCode};
 /// use idem_tower::Tx;
-/// use idem_tower::core::sql::sqlx::{self, Postgres};
+/// use idem_tower::sql::sqlx::{self, Postgres};
 ///
 /// async fn create_order(mut tx: Tx<Postgres>, Json(sku): Json<String>) -> Result<StatusCode, StatusCode> {
 ///     sqlx::query("INSERT INTO orders (sku) VALUES ($1)")

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use idem_tower::core::sql::sqlx::{self, PgPool};
+use idem_tower::sql::sqlx::{self, PgPool};
 
 use crate::Backend;
 

@@ -15,7 +15,7 @@ use axum::response::Response;
 use axum::routing::post;
 use http::{Request, StatusCode};
 use idem_tests::Backend;
-use idem_tower::core::sql::sqlx::{self, AssertSqlSafe, PgPool, postgres::PgPoolOptions};
+use idem_tower::sql::sqlx::{self, AssertSqlSafe, PgPool, postgres::PgPoolOptions};
 use idem_tower::{Idempotency, PgStore};
 use tower::ServiceExt;
 

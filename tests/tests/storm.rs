@@ -15,7 +15,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use http::StatusCode;
 use idem_tests::Backend;
-use idem_tower::core::sql::sqlx::{self, PgPool, Postgres, postgres::PgPoolOptions};
+use idem_tower::sql::sqlx::{self, PgPool, Postgres, postgres::PgPoolOptions};
 use idem_tower::{Idempotency, InFlightPolicy, PgStore, Tx};
 
 const HANDLER: Duration = Duration::from_millis(500);

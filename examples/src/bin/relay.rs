@@ -34,11 +34,9 @@ use idem_examples::orders::{
 };
 use idem_examples::sql_pool::SqlPool;
 use idem_tower::core::BoxFuture;
-use idem_tower::core::guards::{
-    JetStreamPublisher, Outbox, PendingEvent, Published, Publisher, Relay,
-};
-use idem_tower::core::sql::Dialect;
-use idem_tower::core::sql::sqlx::Pool;
+use idem_tower::guards::GuardDb;
+use idem_tower::guards::{JetStreamPublisher, Outbox, PendingEvent, Published, Publisher, Relay};
+use idem_tower::sql::sqlx::Pool;
 
 /// Publishes the orders app's outbox events to NATS JetStream.
 #[derive(Debug, Parser)]
@@ -153,7 +151,7 @@ async fn main() -> Result<(), BoxError> {
 
 /// Migrates the outbox (so the relay may start before the app) and relays
 /// until SIGTERM or ctrl-c.
-async fn relay<DB: Dialect, P: Publisher>(
+async fn relay<DB: GuardDb, P: Publisher>(
     pool: Pool<DB>,
     publisher: P,
     args: &Args,

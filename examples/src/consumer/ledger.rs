@@ -2,8 +2,8 @@
 //! and ledger entries, credited once per transfer through the inbox, and
 //! users' loyalty points, one rewards entry per order through the inbox.
 
-use idem_tower::core::guards::GuardDb;
-use idem_tower::core::sql::sqlx::{
+use idem_tower::guards::GuardDb;
+use idem_tower::sql::sqlx::{
     self, AssertSqlSafe, MySql, MySqlPool, PgPool, Postgres, Sqlite, SqlitePool,
     mysql::MySqlConnection, postgres::PgConnection, sqlite::SqliteConnection,
 };

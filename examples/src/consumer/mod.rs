@@ -41,8 +41,8 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind, consumer::pull, stream};
 use futures_util::StreamExt;
-use idem_tower::core::guards::{Inbox, ProcessError, Processed};
-use idem_tower::core::sql::sqlx::Pool;
+use idem_tower::guards::{Inbox, ProcessError, Processed};
+use idem_tower::sql::sqlx::Pool;
 use serde::{Deserialize, Serialize};
 
 use crate::orders::OrderCreated;

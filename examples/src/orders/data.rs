@@ -9,9 +9,9 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use idem_tower::Tx;
-use idem_tower::core::guards::Outbox;
-use idem_tower::core::sql::Dialect;
-use idem_tower::core::sql::sqlx::{self, MySql, MySqlPool, PgPool, Postgres, Sqlite, SqlitePool};
+use idem_tower::guards::GuardDb;
+use idem_tower::guards::Outbox;
+use idem_tower::sql::sqlx::{self, MySql, MySqlPool, PgPool, Postgres, Sqlite, SqlitePool};
 
 use super::events::order_created;
 use super::memory::Db;
@@ -148,7 +148,7 @@ impl Data {
 }
 
 /// The app's tables and the outbox's on `pool`, created if missing.
-async fn migrate<DB: OrdersSql + Dialect>(pool: &sqlx::Pool<DB>) -> Result<Outbox<DB>, BoxError> {
+async fn migrate<DB: OrdersSql + GuardDb>(pool: &sqlx::Pool<DB>) -> Result<Outbox<DB>, BoxError> {
     <DB as OrdersSql>::migrate(pool).await?;
     let outbox = Outbox::new(pool.clone())?;
     outbox.migrate().await?;
@@ -190,7 +190,7 @@ impl Writer {
 }
 
 /// The order, the debit and the event, on the transaction's connection.
-async fn place_order<DB: OrdersSql + Dialect>(
+async fn place_order<DB: OrdersSql + GuardDb>(
     conn: &mut DB::Connection,
     outbox: &Outbox<DB>,
     tenant: &str,

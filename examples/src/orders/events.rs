@@ -17,7 +17,7 @@
 //! The memory database has no outbox: orders placed on it publish nothing.
 
 use idem_tower::core::Error;
-use idem_tower::core::guards::Event;
+use idem_tower::guards::Event;
 use serde::{Deserialize, Serialize};
 
 use super::model::Order;

@@ -6,7 +6,7 @@ use axum::Json;
 use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use idem_tower::core::guards::LifecycleState;
+use idem_tower::guards::LifecycleState;
 use serde::Deserialize;
 use serde_json::json;
 

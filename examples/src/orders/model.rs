@@ -1,7 +1,7 @@
 //! The orders app's rows: orders, payments and their lifecycle, and what a
 //! client sends to place an order.
 
-use idem_tower::core::guards::LifecycleState;
+use idem_tower::guards::LifecycleState;
 use serde::{Deserialize, Serialize};
 
 /// What a new user's balance starts at, in cents.

@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 
 use idem_examples::orders::STARTING_BALANCE_CENTS;
-use idem_tower::core::sql::sqlx::{self, PgPool, Row};
+use idem_tower::sql::sqlx::{self, PgPool, Row};
 
 use crate::workload::{Answer, Kind, Sent};
 

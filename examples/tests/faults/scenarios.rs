@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use idem_tower::core::sql::sqlx::PgPool;
+use idem_tower::sql::sqlx::PgPool;
 
 use crate::apps::Apps;
 use crate::checker::{self, Verdict};

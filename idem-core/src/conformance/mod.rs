@@ -4,8 +4,9 @@
 //! Each case uses fresh random keys, so a suite may run against a store that
 //! other suites (or earlier runs) share. The cases are grouped by topic:
 //! `records.rs` moves records through their transitions, `leases.rs` lets
-//! leases and ttl run out and renews them; `sql/` holds what only a
-//! SQL store can show, and `servers.rs` how tests find their servers.
+//! leases and ttl run out and renews them, and `servers.rs` how tests find
+//! their servers. What only a SQL store can show is idem-sql's
+//! `conformance`, which runs these cases too.
 //!
 //! [`store_conformance_tests!`]: crate::store_conformance_tests
 
@@ -13,8 +14,6 @@ mod leases;
 mod records;
 mod redis_server;
 mod servers;
-#[cfg(feature = "sql")]
-pub mod sql;
 
 use std::time::Duration;
 
@@ -51,14 +50,17 @@ pub fn run<F: std::future::Future<Output = ()>>(case: F) {
 }
 
 /// A generous lease for cases that must not expire.
-const LONG: Duration = Duration::from_secs(60);
+pub const LONG: Duration = Duration::from_secs(60);
 /// A lease short enough to wait out in a test.
 const SHORT: Duration = Duration::from_millis(400);
 /// Long enough after [`SHORT`] for any store's clock to agree it expired.
 const PAST_SHORT: Duration = Duration::from_millis(1100);
 
+// What follows is public for the cases backends add of their own (idem-sql's
+// table and transaction cases): the same keys, fingerprints and claims.
+
 /// A key no other case or run uses, and the random part of it.
-fn fresh_key_and_nonce(case: &str) -> (IdempotencyKey, String) {
+pub fn fresh_key_and_nonce(case: &str) -> (IdempotencyKey, String) {
     let nonce = format!("{:016x}", rand::random::<u64>());
     (
         IdempotencyKey::new("idem-test:", &format!("{case}:{nonce}")),
@@ -67,11 +69,12 @@ fn fresh_key_and_nonce(case: &str) -> (IdempotencyKey, String) {
 }
 
 /// A key no other case or run uses.
-fn fresh_key(case: &str) -> IdempotencyKey {
+pub fn fresh_key(case: &str) -> IdempotencyKey {
     fresh_key_and_nonce(case).0
 }
 
-fn fp(n: u8) -> Fingerprint {
+/// The fingerprint numbered `n`: equal numbers are the same request.
+pub fn fp(n: u8) -> Fingerprint {
     Fingerprint::from_bytes([n; 32])
 }
 
@@ -91,7 +94,7 @@ fn response(body: &'static str) -> Outcome {
 }
 
 /// Claims `key`, which must be free, and returns its owner.
-async fn acquire<S: IdempotencyStore>(
+pub async fn acquire<S: IdempotencyStore>(
     store: &S,
     key: &IdempotencyKey,
     fingerprint: &Fingerprint,
@@ -104,7 +107,7 @@ async fn acquire<S: IdempotencyStore>(
 }
 
 /// A claim of `key` by a new owner, as a request would make it.
-async fn claim<S: IdempotencyStore>(
+pub async fn claim<S: IdempotencyStore>(
     store: &S,
     key: &IdempotencyKey,
     fingerprint: &Fingerprint,
@@ -118,7 +121,7 @@ async fn claim<S: IdempotencyStore>(
 
 /// What a duplicate of `key` is told: a claim by a new owner, with a
 /// [`LONG`] lease.
-async fn duplicate<S: IdempotencyStore>(
+pub async fn duplicate<S: IdempotencyStore>(
     store: &S,
     key: &IdempotencyKey,
     fingerprint: &Fingerprint,

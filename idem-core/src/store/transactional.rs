@@ -80,7 +80,7 @@ pub trait OpenTransaction: Send + 'static {
 /// commit or roll it back.
 ///
 /// The handle holds whatever the store lends its handlers, of any type:
-/// the SQL stores lend a [`TxSlot`](crate::sql::TxSlot) of their database
+/// the SQL stores (idem-sql) lend a `TxSlot` of their database
 /// (which idem-tower's `Tx` extractor asks for), and a store of your own
 /// (on tokio-postgres, diesel-async, a DynamoDB transaction, ...) lends its
 /// own type, which your handlers' extractor asks for the same way. Cloning

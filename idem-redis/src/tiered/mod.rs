@@ -21,7 +21,7 @@
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::time::Duration;
 //! use idem_redis::RedisStore;
-//! use idem_core::sql::{PgStore, sqlx::PgPool};
+//! use idem_sql::{PgStore, sqlx::PgPool};
 //! use idem_redis::tiered::TieredStore;
 //!
 //! let truth = PgStore::new(PgPool::connect("postgres://localhost/app").await?);

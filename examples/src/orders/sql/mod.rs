@@ -18,8 +18,8 @@
 use std::future::Future;
 use std::sync::LazyLock;
 
-use idem_tower::core::guards::{LifecycleState, StateMachine, Transition};
-use idem_tower::core::sql::sqlx::{self, Pool, Transaction};
+use idem_tower::guards::{LifecycleState, StateMachine, Transition};
+use idem_tower::sql::sqlx::{self, Pool, Transaction};
 
 use super::BoxError;
 use super::model::{NewOrder, Order, Payment, PaymentState, TransitionError};

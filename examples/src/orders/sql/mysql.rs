@@ -1,8 +1,8 @@
 //! MySQL's and MariaDB's writes: `ON DUPLICATE KEY UPDATE` and
 //! `INSERT IGNORE`, and no `RETURNING`, so the new balance is read back.
 
-use idem_tower::core::guards::Transition;
-use idem_tower::core::sql::sqlx::{self, AssertSqlSafe, MySql, Pool, Row, mysql::MySqlConnection};
+use idem_tower::guards::Transition;
+use idem_tower::sql::sqlx::{self, AssertSqlSafe, MySql, Pool, Row, mysql::MySqlConnection};
 
 use super::{OrdersSql, PAYMENTS, payment_state, refused};
 use crate::orders::BoxError;

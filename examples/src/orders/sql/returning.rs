@@ -1,7 +1,7 @@
 //! PostgreSQL's and SQLite's writes: the same SQL (`RETURNING`, `ON
 //! CONFLICT`), SQLite spelling parameters `?1` where PostgreSQL writes `$1`.
 
-use idem_tower::core::sql::sqlx::{
+use idem_tower::sql::sqlx::{
     self, AssertSqlSafe, Pool, Postgres, Row, Sqlite, postgres::PgConnection,
     sqlite::SqliteConnection,
 };
@@ -11,7 +11,7 @@ use crate::orders::BoxError;
 use crate::orders::model::{
     NewOrder, Order, Payment, PaymentState, STARTING_BALANCE_CENTS, TransitionError,
 };
-use idem_tower::core::guards::Transition;
+use idem_tower::guards::Transition;
 
 /// The impl for one of the two databases.
 macro_rules! returning_dialect {

@@ -1,6 +1,6 @@
 use axum::Json;
 use idem_tower::Tx;
-use idem_tower::core::sql::sqlx::Sqlite;
+use idem_tower::sql::sqlx::Sqlite;
 use idem_tower::idempotent;
 use serde_json::Value;
 

@@ -4,7 +4,7 @@
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
-use idem_tower::core::sql::sqlx::{self, Sqlite};
+use idem_tower::sql::sqlx::{self, Sqlite};
 use idem_tower::{Idempotency, SqliteStore, Tx, idempotent};
 use serde_json::Value;
 

@@ -1,0 +1,86 @@
+//! Configuring a SQL store: its table, lock timeout and open transaction
+//! limit, fixed when it is built.
+
+use std::time::Duration;
+
+use super::{DEFAULT_LOCK_TIMEOUT, DEFAULT_TABLE, Dialect, SqlStore, validate_identifier};
+use idem_core::Error;
+
+/// Configures a [`SqlStore`]; made by [`SqlStore::builder`].
+#[must_use]
+pub struct SqlStoreBuilder<DB: Dialect> {
+    pool: sqlx::Pool<DB>,
+    table: String,
+    lock_timeout: Duration,
+    max_transactions: Option<usize>,
+}
+
+impl<DB: Dialect> std::fmt::Debug for SqlStoreBuilder<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlStoreBuilder")
+            .field("table", &self.table)
+            .field("lock_timeout", &self.lock_timeout)
+            .field("max_transactions", &self.max_transactions)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: Dialect> SqlStoreBuilder<DB> {
+    pub(super) fn new(pool: sqlx::Pool<DB>) -> Self {
+        Self {
+            pool,
+            table: DEFAULT_TABLE.to_owned(),
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+            max_transactions: None,
+        }
+    }
+
+    /// The table records go in ([`DEFAULT_TABLE`]): an identifier of ASCII
+    /// letters, digits and underscores, not starting with a digit, at most
+    /// 48 bytes. Anything else makes [`build`](Self::build) fail.
+    pub fn table(mut self, table: &str) -> Self {
+        table.clone_into(&mut self.table);
+        self
+    }
+
+    /// How long statements in a claim's transaction wait for row locks
+    /// ([`DEFAULT_LOCK_TIMEOUT`]): the handler's own writes through `Tx`.
+    /// A duplicate of a claim held by another transaction does not wait:
+    /// it answers "in flight" at once. On SQLite, the longest a
+    /// transactional claim waits for its turn to write among this process's
+    /// claims (then "in flight"); claims of other processes wait for the
+    /// pool's `busy_timeout`.
+    pub fn lock_timeout(mut self, timeout: Duration) -> Self {
+        self.lock_timeout = timeout;
+        self
+    }
+
+    /// At most `n` transactional claims open at once in this process (by
+    /// default half the pool's `max_connections`, at least 1). Each open
+    /// claim holds a connection for its whole handler; a claim past the
+    /// limit waits for its turn without holding one, up to the pool's
+    /// acquire timeout (then the store is unavailable: 503). The other half
+    /// of the pool stays for what the handlers read through the pool, for
+    /// duplicates' checks and for the rest of the application. Duplicates
+    /// of a key open in this process never wait for a turn: they are
+    /// answered "in flight" from memory.
+    pub fn max_transactions(mut self, n: usize) -> Self {
+        self.max_transactions = Some(n);
+        self
+    }
+
+    /// The store; fails with [`ErrorKind::Config`](idem_core::ErrorKind::Config)
+    /// if the table name is not an identifier.
+    pub fn build(self) -> Result<SqlStore<DB>, Error> {
+        validate_identifier(&self.table)?;
+        let max = self
+            .max_transactions
+            .unwrap_or_else(|| super::transactional::default_max_transactions(&self.pool));
+        Ok(SqlStore::from_parts(
+            self.pool,
+            self.table,
+            self.lock_timeout,
+            max,
+        ))
+    }
+}

@@ -1,0 +1,177 @@
+//! SQL store conformance: what every [`SqlStore`] must do when the claim,
+//! the business writes and the outcome share one transaction
+//! (`transactions.rs`), and what only a table can show: row locks,
+//! migrations, purging (`table.rs`). Here: the statements the cases run on
+//! their own tables, and what the cases share.
+
+mod table;
+mod transactions;
+
+use std::future::Future;
+use std::time::Duration;
+
+use sqlx::AssertSqlSafe;
+
+pub use table::{
+    completed_key_answers_without_waiting_on_its_row, migrate_twice_and_custom_table,
+    purge_removes_only_expired_rows,
+};
+pub use transactions::{
+    a_claim_whose_connection_died_frees_its_key_at_once, commit_keeps_writes_and_outcome,
+    dropped_transaction_rolls_back, duplicate_of_an_open_transaction_is_in_flight_then_replays,
+    duplicate_past_the_lock_timeout_is_in_flight, rollback_undoes_writes_and_claim,
+};
+
+use crate::{Dialect, SqlStore, TxSlot};
+use idem_core::conformance::LONG;
+use idem_core::{Fingerprint, IdempotencyKey, Outcome, OwnerToken, StoredResponse};
+use idem_core::{OpenTransaction, TransactionalStore, TxClaim};
+
+const EFFECTS: &str = "idem_test_effects";
+
+/// How long a claim that must not wait on a lock may take: far below the
+/// lock waits of the suite's stores for a write (PostgreSQL: no limit outside
+/// a transactional claim; MariaDB/MySQL: `innodb_lock_wait_timeout`, 50 s by
+/// default), so a claim that writes first times out here. On SQLite such a
+/// claim fails instead, with `SQLITE_BUSY` once the pool's `busy_timeout`
+/// (1 s in the test setup) runs out.
+const NO_WAIT: Duration = Duration::from_secs(2);
+
+fn fp() -> Fingerprint {
+    idem_core::conformance::fp(9)
+}
+
+fn response() -> Outcome {
+    Outcome::Response(StoredResponse::new(
+        http::StatusCode::CREATED,
+        http::HeaderMap::new(),
+        "done",
+    ))
+}
+
+/// Plain statements on a pool or a connection, for the cases' own tables.
+pub trait TestSql: Dialect {
+    /// Statements that, run on a connection and left open, hold a lock any
+    /// write to the record row `{hash}` (hex) of `{table}` waits on.
+    const LOCK_RECORD: &'static [&'static str];
+    /// Runs `sql` on the pool.
+    fn exec(pool: &sqlx::Pool<Self>, sql: String) -> impl Future<Output = ()> + Send;
+    /// Runs `sql` on `conn`.
+    fn exec_on(conn: &mut Self::Connection, sql: String) -> impl Future<Output = ()> + Send;
+    /// Runs a `SELECT COUNT(*)`.
+    fn count(pool: &sqlx::Pool<Self>, sql: String) -> impl Future<Output = i64> + Send;
+}
+
+macro_rules! test_sql {
+    ($($feature:literal => $db:ty, lock: $lock:expr;)*) => {$(
+        #[cfg(feature = $feature)]
+        impl TestSql for $db {
+            const LOCK_RECORD: &'static [&'static str] = $lock;
+            async fn exec(pool: &sqlx::Pool<Self>, sql: String) {
+                sqlx::raw_sql(AssertSqlSafe(sql)).execute(pool).await.expect("statement");
+            }
+            async fn exec_on(conn: &mut Self::Connection, sql: String) {
+                sqlx::raw_sql(AssertSqlSafe(sql)).execute(conn).await.expect("statement");
+            }
+            async fn count(pool: &sqlx::Pool<Self>, sql: String) -> i64 {
+                sqlx::query_scalar(AssertSqlSafe(sql)).fetch_one(pool).await.expect("count")
+            }
+        }
+    )*};
+}
+
+test_sql! {
+    "postgres" => sqlx::Postgres, lock: &[
+        "BEGIN",
+        "SELECT 1 FROM {table} WHERE key_hash = decode('{hash}', 'hex') FOR UPDATE",
+    ];
+    "mysql" => sqlx::MySql, lock: &[
+        "BEGIN",
+        "SELECT 1 FROM {table} WHERE key_hash = X'{hash}' FOR UPDATE",
+    ];
+    // One writer at a time: an open write transaction blocks every write.
+    "sqlite" => sqlx::Sqlite, lock: &["BEGIN IMMEDIATE"];
+}
+
+/// A fresh key for `case`, and the nonce its effect rows carry, with the
+/// effects table in place.
+async fn fresh_case<DB: TestSql>(store: &SqlStore<DB>, case: &str) -> (IdempotencyKey, String) {
+    DB::exec(
+        store.pool(),
+        format!("CREATE TABLE IF NOT EXISTS {EFFECTS} (k VARCHAR(64) NOT NULL)"),
+    )
+    .await;
+    idem_core::conformance::fresh_key_and_nonce(case)
+}
+
+/// How many effect rows the case of `nonce` wrote.
+async fn effects<DB: TestSql>(pool: &sqlx::Pool<DB>, nonce: &str) -> i64 {
+    DB::count(
+        pool,
+        format!("SELECT COUNT(*) FROM {EFFECTS} WHERE k = '{nonce}'"),
+    )
+    .await
+}
+
+/// A transactional claim of `key` by a new owner, as a request would make
+/// it.
+async fn claim_in_transaction<DB: Dialect>(store: &SqlStore<DB>, key: &IdempotencyKey) -> TxClaim {
+    store
+        .claim_in_transaction(key, &fp(), LONG, OwnerToken::generate())
+        .await
+        .unwrap()
+}
+
+/// Claims in a transaction and writes one effect row in it, as a handler
+/// would through its transaction handle.
+async fn claim_and_write<DB: TestSql>(
+    store: &SqlStore<DB>,
+    key: &IdempotencyKey,
+    nonce: &str,
+) -> Box<dyn OpenTransaction> {
+    let claim = claim_in_transaction(store, key).await;
+    let TxClaim::Open(tx) = claim else {
+        panic!("expected to acquire, got {claim:?}");
+    };
+    let handle = tx.handle();
+    let slot = handle
+        .get::<TxSlot<DB>>()
+        .expect("a transaction on this database");
+    let mut guard = slot.lock().await;
+    let conn: &mut DB::Connection = guard.as_mut().expect("an open transaction");
+    DB::exec_on(
+        conn,
+        format!("INSERT INTO {EFFECTS} (k) VALUES ('{nonce}')"),
+    )
+    .await;
+    tx
+}
+
+/// A store on the same pool and table with its own memory, as another
+/// process would have: it knows nothing of `store`'s open claims.
+fn another_process<DB: Dialect>(store: &SqlStore<DB>) -> SqlStore<DB> {
+    SqlStore::builder(store.pool().clone())
+        .table(store.table())
+        .build()
+        .expect("the suite's table name")
+}
+
+/// Generates one test per transactional case; `$make` as for
+/// [`store_conformance_tests!`](idem_core::store_conformance_tests), whose
+/// cases it runs too.
+#[macro_export]
+macro_rules! transactional_conformance_tests {
+    ($make:expr) => {
+        $crate::__core::store_conformance_tests!(@cases [$crate::conformance] $make;
+            commit_keeps_writes_and_outcome,
+            rollback_undoes_writes_and_claim,
+            dropped_transaction_rolls_back,
+            duplicate_of_an_open_transaction_is_in_flight_then_replays,
+            a_claim_whose_connection_died_frees_its_key_at_once,
+            duplicate_past_the_lock_timeout_is_in_flight,
+            completed_key_answers_without_waiting_on_its_row,
+            migrate_twice_and_custom_table,
+            purge_removes_only_expired_rows,
+        );
+    };
+}

@@ -1,0 +1,136 @@
+//! Transactional conformance cases: the claim, the business writes and the
+//! outcome commit or roll back together, and a duplicate of an open
+//! transaction never waits for it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{
+    NO_WAIT, TestSql, another_process, claim_and_write, claim_in_transaction, effects, fp,
+    fresh_case, response,
+};
+use crate::SqlStore;
+use idem_core::TxClaim;
+use idem_core::conformance::{LONG, duplicate};
+use idem_core::{Claim, Duplicate};
+
+/// Commit makes the business write and the outcome durable together.
+pub async fn commit_keeps_writes_and_outcome<DB: TestSql>(store: Arc<SqlStore<DB>>) {
+    let (key, nonce) = fresh_case(&store, "tx-commit").await;
+    let tx = claim_and_write(&store, &key, &nonce).await;
+    assert_eq!(
+        effects(store.pool(), &nonce).await,
+        0,
+        "not visible before commit"
+    );
+    tx.commit(&response(), LONG).await.unwrap();
+    assert_eq!(effects(store.pool(), &nonce).await, 1);
+    assert_eq!(
+        duplicate(&*store, &key, &fp()).await,
+        Claim::Replay(response())
+    );
+}
+
+/// Rollback undoes the business write and frees the key.
+pub async fn rollback_undoes_writes_and_claim<DB: TestSql>(store: Arc<SqlStore<DB>>) {
+    let (key, nonce) = fresh_case(&store, "tx-rollback").await;
+    claim_and_write(&store, &key, &nonce)
+        .await
+        .rollback()
+        .await
+        .unwrap();
+    assert_eq!(effects(store.pool(), &nonce).await, 0);
+    assert!(matches!(
+        duplicate(&*store, &key, &fp()).await,
+        Claim::Acquired(_)
+    ));
+}
+
+/// Dropping the transaction (a panic, a cancelled request) is a rollback.
+pub async fn dropped_transaction_rolls_back<DB: TestSql>(store: Arc<SqlStore<DB>>) {
+    let (key, nonce) = fresh_case(&store, "tx-drop").await;
+    drop(claim_and_write(&store, &key, &nonce).await);
+    // The rollback of a dropped transaction runs when its connection is next
+    // used; claiming again (on any connection) must find the key free.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match duplicate(&*store, &key, &fp()).await {
+            Claim::Acquired(_) => break,
+            other if Instant::now() > deadline => panic!("key still held: {other:?}"),
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    assert_eq!(effects(store.pool(), &nonce).await, 0);
+}
+
+/// A duplicate arriving while the first transaction is open is told "in
+/// flight" without waiting for it to end, from this process (answered from
+/// memory) and from another (a store of its own on the same table); once
+/// the first has committed, both replay what it committed: one effect.
+pub async fn duplicate_of_an_open_transaction_is_in_flight_then_replays<DB: TestSql>(
+    store: Arc<SqlStore<DB>>,
+) {
+    let (key, nonce) = fresh_case(&store, "tx-dup").await;
+    let elsewhere = another_process(&store);
+    let first = claim_and_write(&store, &key, &nonce).await;
+    // Both answer while the first is still open: neither waited for it.
+    for (who, store) in [("this process", &*store), ("another process", &elsewhere)] {
+        let claim = claim_in_transaction(store, &key).await;
+        assert!(
+            matches!(claim, TxClaim::Duplicate(Duplicate::InFlight { .. })),
+            "{who}: {claim:?}"
+        );
+    }
+    first.commit(&response(), LONG).await.unwrap();
+    for (who, store) in [("this process", &*store), ("another process", &elsewhere)] {
+        match claim_in_transaction(store, &key).await {
+            TxClaim::Duplicate(Duplicate::Replay(outcome)) => {
+                assert_eq!(outcome, response(), "{who}");
+            }
+            other => panic!("{who}: expected a replay, got {other:?}"),
+        }
+    }
+    assert_eq!(effects(store.pool(), &nonce).await, 1);
+}
+
+/// A claim whose transaction ended without committing (its connection
+/// gone, as when its process is killed) leaves the key free at once, for
+/// another process, with none of its writes.
+pub async fn a_claim_whose_connection_died_frees_its_key_at_once<DB: TestSql>(
+    store: Arc<SqlStore<DB>>,
+) {
+    let (key, nonce) = fresh_case(&store, "tx-died").await;
+    let first = claim_and_write(&store, &key, &nonce).await;
+    // Dropped unfinished: sqlx rolls it back as the connection goes back
+    // to the pool, on a task of its own, so the key frees a moment later,
+    // with no lease to run out.
+    drop(first);
+    let elsewhere = another_process(&store);
+    let deadline = Instant::now() + NO_WAIT;
+    let retry = loop {
+        match claim_in_transaction(&elsewhere, &key).await {
+            TxClaim::Open(retry) => break retry,
+            claim => {
+                assert!(Instant::now() < deadline, "the key stayed held: {claim:?}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    retry.rollback().await.unwrap();
+    assert_eq!(effects(store.pool(), &nonce).await, 0);
+}
+
+/// A duplicate that outwaits the lock timeout is told the key is in flight.
+/// The store must have been built with a lock timeout (or SQLite busy
+/// timeout) of about a second.
+pub async fn duplicate_past_the_lock_timeout_is_in_flight<DB: TestSql>(store: Arc<SqlStore<DB>>) {
+    let (key, nonce) = fresh_case(&store, "tx-timeout").await;
+    let first = claim_and_write(&store, &key, &nonce).await;
+    let claim = claim_in_transaction(&*store, &key).await;
+    assert!(
+        matches!(claim, TxClaim::Duplicate(Duplicate::InFlight { .. })),
+        "{claim:?}"
+    );
+    first.commit(&response(), LONG).await.unwrap();
+    assert_eq!(effects(store.pool(), &nonce).await, 1);
+}

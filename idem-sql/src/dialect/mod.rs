@@ -1,0 +1,242 @@
+//! What differs between databases, each fact once: how parameters are
+//! spelled, the clock, lock clauses, casts, DDL types and options, error
+//! codes, and the statements the SQL stores run. The facts are written in
+//! `postgres.rs`, `mysql.rs` and `sqlite.rs`; SQL text elsewhere is built
+//! from them.
+//!
+//! [`Dialect`] is sealed (implemented for the three databases only). Its
+//! SQL text items are documented public API: idem-guards builds its
+//! statements from them, and its own `GuardDb` holds what only the guards
+//! run. The stores' statements are hidden: they are how the stores run.
+
+mod bind;
+mod record;
+
+use std::future::Future;
+use std::time::Duration;
+
+pub use bind::{Value, bind_all};
+pub(crate) use record::{
+    ClaimArgs, ClaimStep, Queries, RecordRow, has_code, record_row, run_migrations,
+    shared_statements,
+};
+
+use super::SqlStore;
+use super::batch::{Write, Written};
+use idem_core::{Error, OwnerToken};
+
+/// A database idem keeps records in and runs its guards on: PostgreSQL
+/// (`sqlx::Postgres`), MySQL or MariaDB (`sqlx::MySql`), SQLite
+/// (`sqlx::Sqlite`).
+///
+/// Sealed: it is implemented for these three and names them in bounds,
+/// e.g. `SqlStore<DB: Dialect>`, `Inbox<DB: Dialect>`.
+///
+/// ```
+/// # #[cfg(feature = "sqlite")] {
+/// use idem_sql::{Dialect, SqlStore, sqlx::Sqlite};
+///
+/// fn table_of<DB: Dialect>(store: &SqlStore<DB>) -> &str {
+///     store.table()
+/// }
+/// # let _ = table_of::<Sqlite>;
+/// # }
+/// ```
+pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
+    // ----- SQL text -----
+
+    /// The `n`-th parameter of a statement, counted from 1: `$1`, `?` or
+    /// `?1`.
+    fn placeholder(n: usize) -> String;
+
+    /// The database's clock, as a value of a [`Dialect::TIMESTAMP`] column.
+    const NOW: &'static str;
+
+    /// The database's clock plus `ms` (a parameter or literal) milliseconds,
+    /// as a value of a [`Dialect::TIMESTAMP`] column.
+    fn now_plus_ms(ms: &str) -> String;
+
+    /// Milliseconds from the database's clock until the timestamp
+    /// `column`, as a 64-bit integer.
+    fn ms_until(column: &str) -> String;
+
+    /// `expr` read as a 64-bit integer, whatever integer type it has.
+    fn int(expr: &str) -> String;
+
+    /// `INSERT INTO {into} VALUES ({values})` that inserts nothing, without
+    /// an error, where the row would repeat a unique key. MySQL's `INSERT
+    /// IGNORE` also turns some other errors (a value too long) into
+    /// warnings: check values first.
+    fn insert_or_skip(into: &str, values: &str) -> String;
+
+    /// What a re-read appends to lock the row and read its latest committed
+    /// version (MySQL's plain reads see the transaction's snapshot).
+    const FOR_UPDATE: &'static str;
+
+    /// What a re-read appends to read the latest committed version of a row
+    /// under a shared lock: enough where the caller only needs to see it,
+    /// and no deadlock with others that hold the same shared lock (as
+    /// MySQL's duplicate-key check leaves them).
+    const FOR_SHARE: &'static str;
+
+    /// The type of a timestamp column: what [`Dialect::NOW`] is.
+    const TIMESTAMP: &'static str;
+
+    /// The type of a short text key column (at most 255 bytes).
+    const SHORT_TEXT: &'static str;
+
+    /// The type of a 32-byte hash column.
+    const HASH: &'static str;
+
+    /// What follows `CREATE TABLE (...)`.
+    const TABLE_OPTIONS: &'static str;
+
+    // ----- the stores -----
+
+    #[doc(hidden)]
+    fn queries(table: &str) -> Queries;
+
+    #[doc(hidden)]
+    fn migrate(
+        pool: &sqlx::Pool<Self>,
+        table: &str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// Whether [`Dialect::claim`] answers a live row without writing by
+    /// itself; if not, a claim outside a transaction reads first.
+    #[doc(hidden)]
+    const CLAIM_READS_FIRST: bool;
+
+    /// Whether the database lets one connection write at a time, so that
+    /// the store's writes take turns in the process (see `sql/writer.rs`).
+    #[doc(hidden)]
+    const ONE_WRITER: bool;
+
+    #[doc(hidden)]
+    fn claim(
+        conn: &mut Self::Connection,
+        queries: &Queries,
+        args: ClaimArgs<'_>,
+    ) -> impl Future<Output = Result<ClaimStep, sqlx::Error>> + Send;
+
+    /// The row of `key_hash` with the time it has left, by a plain
+    /// (non-locking) read; `None` if there is none.
+    #[doc(hidden)]
+    fn read(
+        conn: &mut Self::Connection,
+        queries: &Queries,
+        key_hash: &[u8; 32],
+    ) -> impl Future<Output = Result<Option<RecordRow>, sqlx::Error>> + Send;
+
+    /// `true` if the row was ours and is now completed.
+    #[doc(hidden)]
+    fn complete(
+        conn: &mut Self::Connection,
+        queries: &Queries,
+        key_hash: &[u8; 32],
+        owner: &OwnerToken,
+        outcome: &[u8],
+        ttl_ms: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// `true` if the row was ours and is now gone.
+    #[doc(hidden)]
+    fn release(
+        conn: &mut Self::Connection,
+        queries: &Queries,
+        key_hash: &[u8; 32],
+        owner: &OwnerToken,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// `true` if the row was ours, in flight with a live lease, and now
+    /// expires `lease_ms` from now.
+    #[doc(hidden)]
+    fn renew(
+        conn: &mut Self::Connection,
+        queries: &Queries,
+        key_hash: &[u8; 32],
+        owner: &OwnerToken,
+        lease_ms: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// Runs plain writes that came together, where writers take turns
+    /// ([`Dialect::ONE_WRITER`], `sql/batch.rs`), each answered in order.
+    /// One at a time unless the database has a statement for many at once.
+    #[doc(hidden)]
+    fn run_writes(
+        store: &SqlStore<Self>,
+        conn: &mut Self::Connection,
+        writes: &[&Write],
+    ) -> impl Future<Output = Vec<Result<Written, Error>>> + Send {
+        store.run_each(conn, writes)
+    }
+
+    /// Deletes up to `batch` expired rows; how many it deleted.
+    #[doc(hidden)]
+    fn purge(
+        conn: &mut Self::Connection,
+        queries: &Queries,
+        batch: i64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// Opens a transactional claim of `key_hash` in the transaction on
+    /// `conn`, so that a duplicate learns "in flight" without waiting on it:
+    /// `false` if another open transaction holds the key. Also bounds how
+    /// long the claim waits on any other lock.
+    #[doc(hidden)]
+    fn begin_claim(
+        conn: &mut Self::Connection,
+        key_hash: &[u8; 32],
+        timeout: Duration,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// The claim of a transactional claim, once [`Dialect::begin_claim`]
+    /// has taken the key. Where that lock alone holds the key to the end of
+    /// the transaction (PostgreSQL), a plain read: a live row answers,
+    /// anything else leaves the key to this claim, and nothing is written
+    /// until [`Dialect::tx_complete`]. Elsewhere [`Dialect::claim`], which
+    /// writes the claim's row.
+    #[doc(hidden)]
+    fn tx_claim(
+        conn: &mut Self::Connection,
+        queries: &Queries,
+        args: ClaimArgs<'_>,
+    ) -> impl Future<Output = Result<ClaimStep, sqlx::Error>> + Send {
+        // The claim's row, written in the transaction, holds the key.
+        Self::claim(conn, queries, args)
+    }
+
+    /// Records a transactional claim's `outcome` before its commit:
+    /// inserts the completed row where [`Dialect::tx_claim`] wrote none
+    /// (or takes over an expired one), completes the claim's row elsewhere.
+    /// `true` if it was recorded; `false` means another claim's live row is
+    /// in the way, and the transaction must not commit.
+    #[doc(hidden)]
+    fn tx_complete(
+        conn: &mut Self::Connection,
+        queries: &Queries,
+        args: ClaimArgs<'_>,
+        outcome: &[u8],
+        ttl_ms: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send {
+        Self::complete(conn, queries, args.key_hash, args.owner, outcome, ttl_ms)
+    }
+
+    /// After the claim statement, on every path: sets how long the
+    /// handler's own statements wait for row locks (`timeout`).
+    #[doc(hidden)]
+    fn end_claim(
+        conn: &mut Self::Connection,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// Whether `err` means a lock wait ran out (or a deadlock was broken):
+    /// another transaction holds the key.
+    #[doc(hidden)]
+    fn is_lock_timeout(err: &sqlx::Error) -> bool;
+}
+
+pub(crate) mod sealed {
+    #[allow(unreachable_pub)] // sealed: named only inside the crate
+    pub trait Sealed {}
+}

@@ -1,0 +1,189 @@
+//! The transactional claims a store has open in this process: which keys,
+//! and how many at once.
+//!
+//! Both exist so that waiting never holds a pooled connection. A duplicate
+//! of a key this process already has open is answered from memory, with no
+//! connection at all: "in flight" if its claim is open, or, while the
+//! request that marked it is still checking the store, whatever that check
+//! finds (so a burst of retries of a completed request makes one check and
+//! every retry gets the replay). And a new claim waits for a permit
+//! before it takes a connection: each open claim holds one connection for
+//! its whole handler, and a handler that also reads through the pool needs
+//! a second, so with more claims open than half the pool, every connection
+//! could be held by a claim waiting for another one.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+
+use idem_core::{Duplicate, Fingerprint};
+
+/// The open claims of one store.
+#[derive(Debug)]
+pub(crate) struct OpenClaims {
+    keys: Mutex<HashMap<[u8; 32], watch::Receiver<Check>>>,
+    permits: Arc<Semaphore>,
+    max: usize,
+}
+
+/// How the check of a marked key goes, as other requests for the key see
+/// it.
+#[derive(Debug, Clone)]
+pub(crate) enum Check {
+    /// The request that marked it is still claiming it.
+    Running,
+    /// Its claim is open in a transaction of this process: in flight.
+    Open,
+    /// The claim found this answer for a request with this fingerprint.
+    Answered(Fingerprint, Duplicate),
+}
+
+/// What marking a key came to.
+pub(crate) enum Marked {
+    /// The key is ours to claim.
+    Mine(OpenKey),
+    /// Another request of this process has it marked; its check, to wait on.
+    Theirs(watch::Receiver<Check>),
+}
+
+/// A key marked open until this is dropped.
+#[derive(Debug)]
+pub(crate) struct OpenKey {
+    claims: Arc<OpenClaims>,
+    key: [u8; 32],
+    check: watch::Sender<Check>,
+}
+
+/// What an open claim holds: its key's mark and its permit.
+#[derive(Debug)]
+pub(crate) struct Held {
+    key: OpenKey,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Held {
+    /// Tells the key's waiters how the check went.
+    pub(crate) fn checked(&self, check: Check) {
+        self.key.check.send_replace(check);
+    }
+}
+
+impl OpenClaims {
+    /// At most `max` claims open at once (at least one).
+    pub(crate) fn new(max: usize) -> Self {
+        let max = max.max(1);
+        Self {
+            keys: Mutex::new(HashMap::new()),
+            permits: Arc::new(Semaphore::new(max)),
+            max,
+        }
+    }
+
+    /// How many claims may be open at once.
+    pub(crate) fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Marks `key` open, unless this process already has it marked.
+    pub(crate) fn mark(self: &Arc<Self>, key: [u8; 32]) -> Marked {
+        let mut keys = self
+            .keys
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(check) = keys.get(&key) {
+            return Marked::Theirs(check.clone());
+        }
+        let (check, watching) = watch::channel(Check::Running);
+        keys.insert(key, watching);
+        Marked::Mine(OpenKey {
+            claims: Arc::clone(self),
+            key,
+            check,
+        })
+    }
+
+    /// Waits for a permit, up to `timeout`; `None` if none came.
+    pub(crate) async fn hold(&self, key: OpenKey, timeout: Duration) -> Option<Held> {
+        let permit = tokio::time::timeout(timeout, Arc::clone(&self.permits).acquire_owned())
+            .await
+            .ok()?
+            .ok()?;
+        Some(Held {
+            key,
+            _permit: permit,
+        })
+    }
+}
+
+impl Drop for OpenKey {
+    fn drop(&mut self) {
+        let mut keys = self
+            .claims
+            .keys
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        keys.remove(&self.key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mine(marked: Marked) -> OpenKey {
+        match marked {
+            Marked::Mine(key) => key,
+            Marked::Theirs(_) => panic!("marked by another"),
+        }
+    }
+
+    #[test]
+    fn a_key_is_open_once_until_its_mark_is_dropped() {
+        let claims = Arc::new(OpenClaims::new(2));
+        let first = mine(claims.mark([1; 32]));
+        assert!(
+            matches!(claims.mark([1; 32]), Marked::Theirs(_)),
+            "open in this process"
+        );
+        let _other = mine(claims.mark([2; 32]));
+        drop(first);
+        let _again = mine(claims.mark([1; 32]));
+    }
+
+    #[tokio::test]
+    async fn waiters_see_what_the_check_found() {
+        let claims = Arc::new(OpenClaims::new(2));
+        let first = mine(claims.mark([1; 32]));
+        let Marked::Theirs(mut waiting) = claims.mark([1; 32]) else {
+            panic!("marked already");
+        };
+        assert!(matches!(*waiting.borrow(), Check::Running));
+        let held = claims.hold(first, Duration::from_secs(1)).await.unwrap();
+        held.checked(Check::Open);
+        let seen = waiting.wait_for(|c| !matches!(c, Check::Running)).await;
+        assert!(matches!(*seen.unwrap(), Check::Open));
+    }
+
+    #[tokio::test]
+    async fn permits_bound_the_claims_open_at_once() {
+        let claims = Arc::new(OpenClaims::new(1));
+        let wait = Duration::from_millis(50);
+        let held = claims.hold(mine(claims.mark([1; 32])), wait).await;
+        assert!(held.is_some());
+        assert!(
+            claims
+                .hold(mine(claims.mark([2; 32])), wait)
+                .await
+                .is_none()
+        );
+        drop(held);
+        assert!(
+            claims
+                .hold(mine(claims.mark([2; 32])), wait)
+                .await
+                .is_some()
+        );
+    }
+}

@@ -1,0 +1,280 @@
+//! PostgreSQL: one statement reads the key's live row and, only if there is
+//! none, claims or takes over with `INSERT ... ON CONFLICT DO UPDATE ...
+//! WHERE expired RETURNING`; a transactional claim holds the key by an
+//! advisory lock and inserts its completed row at commit; the clock is
+//! `now()`.
+
+use std::time::Duration;
+
+use sqlx::postgres::PgConnection;
+use sqlx::{AssertSqlSafe, Postgres, Row};
+
+use super::dialect::{
+    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, bind_all, has_code, record_row,
+    run_migrations, sealed, shared_statements,
+};
+use idem_core::OwnerToken;
+
+const MIGRATIONS: &[(i64, &str)] = &[(
+    1,
+    include_str!("../migrations/postgres/0001_create_records.sql"),
+)];
+
+impl sealed::Sealed for Postgres {}
+
+impl Dialect for Postgres {
+    fn placeholder(n: usize) -> String {
+        format!("${n}")
+    }
+
+    const NOW: &'static str = "now()";
+
+    fn now_plus_ms(ms: &str) -> String {
+        format!("{} + {ms}::bigint * interval '1 millisecond'", Self::NOW)
+    }
+
+    fn ms_until(column: &str) -> String {
+        format!(
+            "(EXTRACT(EPOCH FROM ({column} - {})) * 1000)::int8",
+            Self::NOW
+        )
+    }
+
+    fn int(expr: &str) -> String {
+        format!("CAST({expr} AS BIGINT)")
+    }
+
+    fn insert_or_skip(into: &str, values: &str) -> String {
+        // With no conflict target: any unique key.
+        format!("INSERT INTO {into} VALUES ({values}) ON CONFLICT DO NOTHING")
+    }
+
+    const FOR_UPDATE: &'static str = " FOR UPDATE";
+    const FOR_SHARE: &'static str = " FOR SHARE";
+    const TIMESTAMP: &'static str = "TIMESTAMPTZ";
+    const SHORT_TEXT: &'static str = "TEXT";
+    const HASH: &'static str = "BYTEA";
+    const TABLE_OPTIONS: &'static str = "";
+
+    fn queries(table: &str) -> Queries {
+        let (now, left) = (Self::NOW, Self::ms_until("expires_at"));
+        let expires = Self::now_plus_ms;
+        Queries {
+            // Without a live row, `turn` first waits out a transactional
+            // claim of the key, which holds the key's advisory lock
+            // (exclusive) and has written no row yet; plain claims share the
+            // lock and never wait for each other, and a duplicate of a live
+            // row takes no lock at all. `live` and the insert see one
+            // snapshot: with a live row the
+            // insert has nothing to insert, so it neither locks the row nor
+            // writes, and the row is returned to answer from. Without one,
+            // the upsert arbitrates as the unique index decides; a claim
+            // that committed after the snapshot makes it return nothing, and
+            // the caller reads that row.
+            claim: format!(
+                "WITH live AS ( \
+                   SELECT state::text AS state, owner, fingerprint, outcome, {left} AS ms_left \
+                   FROM {table} WHERE key_hash = $1 AND expires_at > {now} \
+                 ), turn AS MATERIALIZED ( \
+                   SELECT CASE WHEN EXISTS (SELECT 1 FROM live) THEN NULL \
+                     ELSE pg_advisory_xact_lock_shared($6) END \
+                 ), claimed AS ( \
+                   INSERT INTO {table} AS r \
+                     (key_hash, idem_key, state, owner, fingerprint, outcome, expires_at) \
+                   SELECT $1, $2, 'I', $3, $4, NULL, {lease_end} \
+                   WHERE EXISTS (SELECT 1 FROM turn) AND NOT EXISTS (SELECT 1 FROM live) \
+                   ON CONFLICT (key_hash) DO UPDATE SET \
+                     idem_key = EXCLUDED.idem_key, state = 'I', owner = EXCLUDED.owner, \
+                     fingerprint = EXCLUDED.fingerprint, outcome = NULL, \
+                     expires_at = EXCLUDED.expires_at, created_at = {now} \
+                   WHERE r.expires_at <= {now} \
+                   RETURNING 1 \
+                 ) \
+                 SELECT EXISTS (SELECT 1 FROM claimed), \
+                   live.state, live.owner, live.fingerprint, live.outcome, live.ms_left \
+                 FROM (SELECT 1) AS one LEFT JOIN live ON true",
+                lease_end = expires("$5"),
+            )
+            .into(),
+            select: format!(
+                "SELECT state::text, owner, fingerprint, outcome, {left} \
+                 FROM {table} WHERE key_hash = $1"
+            )
+            .into(),
+            complete: format!(
+                "UPDATE {table} SET state = 'C', owner = NULL, outcome = $1, expires_at = {} \
+                 WHERE key_hash = $3 AND state = 'I' AND owner = $4",
+                expires("$2"),
+            )
+            .into(),
+            release: format!(
+                "DELETE FROM {table} WHERE key_hash = $1 AND state = 'I' AND owner = $2"
+            )
+            .into(),
+            renew: format!(
+                "UPDATE {table} SET expires_at = {} \
+                 WHERE key_hash = $2 AND state = 'I' AND owner = $3 AND expires_at > {now}",
+                expires("$1"),
+            )
+            .into(),
+            purge: format!(
+                "DELETE FROM {table} WHERE key_hash IN ( \
+                   SELECT key_hash FROM {table} WHERE expires_at < {now} \
+                   LIMIT $1 FOR UPDATE SKIP LOCKED)"
+            )
+            .into(),
+            // A live row in the way (none can be there while the advisory
+            // lock is held, unless written past the store) inserts nothing:
+            // the caller rolls back.
+            insert_completed: Some(
+                format!(
+                    "INSERT INTO {table} AS r \
+                       (key_hash, idem_key, state, owner, fingerprint, outcome, expires_at) \
+                     VALUES ($1, $2, 'C', NULL, $3, $4, {ttl_end}) \
+                     ON CONFLICT (key_hash) DO UPDATE SET \
+                       idem_key = EXCLUDED.idem_key, state = 'C', owner = NULL, \
+                       fingerprint = EXCLUDED.fingerprint, outcome = EXCLUDED.outcome, \
+                       expires_at = EXCLUDED.expires_at, created_at = {now} \
+                     WHERE r.expires_at <= {now}",
+                    ttl_end = expires("$5"),
+                )
+                .into(),
+            ),
+        }
+    }
+
+    async fn migrate(pool: &sqlx::Pool<Self>, table: &str) -> Result<(), sqlx::Error> {
+        let mut tx = pool.begin().await?;
+        lock_until_commit(&mut tx, format!("idem-migrate:{table}")).await?;
+        run_migrations::<Self>(
+            &mut tx,
+            table,
+            MIGRATIONS,
+            format!(
+                "CREATE TABLE IF NOT EXISTS {table}_schema ( \
+                   version BIGINT PRIMARY KEY, applied_at {} NOT NULL DEFAULT {})",
+                Self::TIMESTAMP,
+                Self::NOW,
+            ),
+            format!("SELECT max(version) FROM {table}_schema"),
+        )
+        .await?;
+        tx.commit().await
+    }
+
+    const CLAIM_READS_FIRST: bool = true;
+    const ONE_WRITER: bool = false;
+
+    async fn claim(
+        conn: &mut PgConnection,
+        q: &Queries,
+        args: ClaimArgs<'_>,
+    ) -> Result<ClaimStep, sqlx::Error> {
+        let row = bind_all(sqlx::query(AssertSqlSafe(q.claim.clone())), &args.values())
+            .bind(advisory_key(args.key_hash))
+            .fetch_one(&mut *conn)
+            .await?;
+        if row.try_get::<bool, _>(0)? {
+            return Ok(ClaimStep::Acquired);
+        }
+        if let Some(state) = row.try_get::<Option<String>, _>(1)? {
+            return Ok(ClaimStep::Existing(RecordRow {
+                state,
+                owner: row.try_get(2)?,
+                fingerprint: row.try_get(3)?,
+                outcome: row.try_get(4)?,
+                ms_left: row.try_get(5)?,
+            }));
+        }
+        Ok(ClaimStep::found(Self::read(conn, q, args.key_hash).await?))
+    }
+
+    shared_statements!(PgConnection);
+
+    async fn begin_claim(
+        conn: &mut PgConnection,
+        key_hash: &[u8; 32],
+        timeout: Duration,
+    ) -> Result<bool, sqlx::Error> {
+        // A transaction-scoped advisory lock on the key, tried without
+        // waiting: held by the transaction that claimed the key until it
+        // commits or rolls back, and by nothing once its session is gone (a
+        // crashed process). One round trip, with the lock timeout.
+        let row = sqlx::query(
+            "SELECT pg_try_advisory_xact_lock($1), set_config('lock_timeout', $2, true)",
+        )
+        .bind(advisory_key(key_hash))
+        .bind(format!("{}ms", timeout.as_millis().max(1)))
+        .fetch_one(&mut *conn)
+        .await?;
+        row.try_get(0)
+    }
+
+    async fn tx_claim(
+        conn: &mut PgConnection,
+        q: &Queries,
+        args: ClaimArgs<'_>,
+    ) -> Result<ClaimStep, sqlx::Error> {
+        // `begin_claim`'s advisory lock holds the key until the transaction
+        // ends, against every other transactional claim; so the claim only
+        // reads, in a statement after the lock's (its snapshot sees whatever
+        // the lock's last holder committed), and the row is written once, at
+        // commit, completed. No row to update, no dead version of it left
+        // behind, and a crash leaves nothing to clean up.
+        Ok(match Self::read(conn, q, args.key_hash).await? {
+            Some(row) if row.ms_left > 0 => ClaimStep::Existing(row),
+            // Absent or expired: `tx_complete` inserts or takes over.
+            _ => ClaimStep::Acquired,
+        })
+    }
+
+    async fn tx_complete(
+        conn: &mut PgConnection,
+        q: &Queries,
+        args: ClaimArgs<'_>,
+        outcome: &[u8],
+        ttl_ms: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let Some(insert) = &q.insert_completed else {
+            return Err(sqlx::Error::Protocol(
+                "PostgreSQL's statements have no insert of a completed row".into(),
+            ));
+        };
+        let done = sqlx::query(AssertSqlSafe(insert.clone()))
+            .bind(&args.key_hash[..])
+            .bind(args.key)
+            .bind(&args.fingerprint.as_bytes()[..])
+            .bind(outcome)
+            .bind(ttl_ms)
+            .execute(&mut *conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn end_claim(_: &mut PgConnection, _: Duration) -> Result<(), sqlx::Error> {
+        // begin_claim's lock timeout holds for the whole transaction.
+        Ok(())
+    }
+
+    fn is_lock_timeout(err: &sqlx::Error) -> bool {
+        // lock_not_available, deadlock_detected
+        has_code(err, &["55P03", "40P01"])
+    }
+}
+
+/// Takes the advisory lock `name` in the transaction on `conn`, waiting for
+/// it: one holder at a time, until the transaction ends.
+async fn lock_until_commit(conn: &mut PgConnection, name: String) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+        .bind(name)
+        .execute(&mut *conn)
+        .await
+        .map(drop)
+}
+
+/// The advisory lock id of a key: the first 8 bytes of its hash.
+fn advisory_key(key_hash: &[u8; 32]) -> i64 {
+    let mut id = [0; 8];
+    id.copy_from_slice(&key_hash[..8]);
+    i64::from_be_bytes(id)
+}

@@ -1,0 +1,208 @@
+//! Transactional mode on SQL: a claim in a transaction the handler then
+//! writes in, committed with the stored outcome. On PostgreSQL an advisory
+//! lock holds the key and the completed row is inserted at commit; on
+//! MySQL/MariaDB and SQLite the claim's row, written first, holds it and is
+//! completed at commit.
+
+use std::time::Duration;
+
+use super::open::{Check, Held, Marked};
+use super::{ClaimArgs, Dialect, SqlStore, Turn, TxSlot, key_hash, unavailable};
+use idem_core::expiry_millis;
+use idem_core::{BoxFuture, OpenTransaction, TransactionalStore, TxClaim, TxHandle};
+use idem_core::{Claim, Duplicate, Error, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
+
+impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
+    fn claim_in_transaction<'a>(
+        &'a self,
+        key: &'a IdempotencyKey,
+        fingerprint: &'a Fingerprint,
+        lease: Duration,
+        owner: OwnerToken,
+    ) -> BoxFuture<'a, Result<TxClaim, Error>> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            let hash = key_hash(key);
+            let in_flight = Ok(TxClaim::Duplicate(Duplicate::InFlight {
+                retry_after: lease,
+            }));
+            // A duplicate of a key this process has marked: answered from
+            // memory, without a connection, with what the marking request's
+            // check finds (waited for up to the lock timeout).
+            let mark = match inner.open.mark(hash) {
+                Marked::Mine(mark) => mark,
+                Marked::Theirs(mut check) => {
+                    let checked = tokio::time::timeout(
+                        inner.lock_timeout,
+                        check.wait_for(|check| !matches!(check, Check::Running)),
+                    )
+                    .await;
+                    return match checked.as_ref().map(|c| c.as_deref()) {
+                        Ok(Ok(Check::Answered(of, duplicate))) if of == fingerprint => {
+                            Ok(TxClaim::Duplicate(duplicate.clone()))
+                        }
+                        // Open, gone without an answer, another request's
+                        // answer, or still running: in flight.
+                        _ => in_flight,
+                    };
+                }
+            };
+            // Our turn among this process's open claims, waited for without a
+            // connection.
+            let acquire_timeout = inner.pool.options().get_acquire_timeout();
+            let Some(held) = inner.open.hold(mark, acquire_timeout).await else {
+                return Err(Error::unavailable(format!(
+                    "no turn among the {} open transactional claims within {acquire_timeout:?}",
+                    inner.open.max()
+                )));
+            };
+            // On SQLite the transaction holds the write lock from its claim
+            // to its commit: it takes the turn to write for all of it, and
+            // a turn that does not come in time is answered as SQLite's lock
+            // would be. It begins before it waits for the turn (a deferred
+            // BEGIN takes no lock, and no snapshot until the claim writes),
+            // so that the turn, which SQLite's transactional claims pass on
+            // one at a time, is not also held while a connection is taken
+            // and BEGIN goes to the database.
+            let mut tx = inner.pool.begin().await.map_err(unavailable)?;
+            let Some(turn) = inner.writer.wait(inner.lock_timeout).await else {
+                finish(tx).await;
+                return in_flight;
+            };
+            // Another process's open claim of the key: in flight, answered
+            // at once (dropping `tx` rolls back and returns the connection).
+            if !DB::begin_claim(&mut tx, &hash, inner.lock_timeout)
+                .await
+                .map_err(unavailable)?
+            {
+                finish(tx).await;
+                return in_flight;
+            }
+            // The claim (`Dialect::tx_claim`). On PostgreSQL it only reads:
+            // the advisory lock just taken holds the key until the
+            // transaction ends, and the completed row is written at commit.
+            // Elsewhere, unlike `claim`, nothing reads first: the claim
+            // writes its row before it reads. A plain read there cannot see
+            // another transaction's uncommitted claim, and it has effects: on
+            // MySQL/MariaDB (REPEATABLE READ) it fixes the transaction's read
+            // view, so the handler would read its data as of before the
+            // claim; on SQLite it opens the transaction as a reader, and a
+            // reader that another connection's commit overtook cannot become
+            // the writer (SQLITE_BUSY_SNAPSHOT).
+            let claimed = self
+                .claim_on(&mut tx, key, &hash, fingerprint, lease, owner, true)
+                .await
+                .map(Claim::acquired);
+            DB::end_claim(&mut tx, inner.lock_timeout)
+                .await
+                .map_err(unavailable)?;
+            // Anything but our claim: nothing of ours to keep. Rolled back
+            // here and now, not left to the drop (sqlx rolls a dropped
+            // transaction back lazily): until then it would hold the key's
+            // try-lock, and the next claim would be told "in flight" instead
+            // of replaying.
+            let owner = match claimed {
+                Ok(Ok(owner)) => {
+                    held.checked(Check::Open);
+                    owner
+                }
+                Ok(Err(duplicate)) => {
+                    held.checked(Check::Answered(*fingerprint, duplicate.clone()));
+                    finish(tx).await;
+                    return Ok(TxClaim::Duplicate(duplicate));
+                }
+                // Another transaction's claim row (MySQL/MariaDB, which wait
+                // for no lock in a claim), or SQLite's write lock.
+                Err(err) if DB::is_lock_timeout(&err) => {
+                    finish(tx).await;
+                    return in_flight;
+                }
+                Err(err) => {
+                    finish(tx).await;
+                    return Err(unavailable(err));
+                }
+            };
+            Ok(TxClaim::Open(Box::new(SqlOpenTransaction {
+                slot: TxSlot::new(tx),
+                store: self.clone(),
+                key: key.clone(),
+                key_hash: hash,
+                fingerprint: *fingerprint,
+                owner,
+                _held: held,
+                _turn: turn,
+            })))
+        })
+    }
+}
+
+/// Rolls back a claim's transaction that holds nothing of ours. A failed
+/// rollback leaves a broken connection, which sqlx closes rather than
+/// reuse; the database then ends the transaction with its session.
+async fn finish<DB: Dialect>(tx: sqlx::Transaction<'_, DB>) {
+    if let Err(err) = tx.rollback().await {
+        tracing::warn!(error = %err, "rolling back an unused claim transaction failed");
+    }
+}
+
+/// Half the pool: see [`SqlStoreBuilder::max_transactions`](super::SqlStoreBuilder::max_transactions).
+pub(super) fn default_max_transactions<DB: Dialect>(pool: &sqlx::Pool<DB>) -> usize {
+    (pool.options().get_max_connections() as usize / 2).max(1)
+}
+
+/// A claim held in an open transaction, shared with the handler through a
+/// [`TxSlot`].
+struct SqlOpenTransaction<DB: Dialect> {
+    slot: TxSlot<DB>,
+    store: SqlStore<DB>,
+    key: IdempotencyKey,
+    key_hash: [u8; 32],
+    fingerprint: Fingerprint,
+    owner: OwnerToken,
+    /// The key's mark and the turn among open claims, given up with the
+    /// transaction.
+    _held: Held,
+    /// The turn to write, on SQLite; given up with the transaction.
+    _turn: Turn,
+}
+
+impl<DB: Dialect> OpenTransaction for SqlOpenTransaction<DB> {
+    fn handle(&self) -> TxHandle {
+        TxHandle::new(self.slot.clone())
+    }
+
+    fn commit<'a>(
+        self: Box<Self>,
+        outcome: &'a Outcome,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let mut tx = self.slot.take().await?;
+            let args = ClaimArgs {
+                key_hash: &self.key_hash,
+                key: self.key.as_str(),
+                fingerprint: &self.fingerprint,
+                owner: &self.owner,
+                lease_ms: 0,
+            };
+            let done = DB::tx_complete(
+                &mut tx,
+                &self.store.inner.queries,
+                args,
+                &outcome.encode(),
+                expiry_millis(ttl),
+            )
+            .await
+            .map_err(unavailable)?;
+            Error::fenced(done)?;
+            tx.commit().await.map_err(unavailable)
+        })
+    }
+
+    fn rollback(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {
+        Box::pin(async move {
+            let tx = self.slot.take().await?;
+            tx.rollback().await.map_err(unavailable)
+        })
+    }
+}

@@ -1,0 +1,530 @@
+//! The store and transactional conformance suites against real PostgreSQL,
+//! MariaDB/MySQL and SQLite. Server URLs come from the environment:
+//! `IDEM_TEST_POSTGRES_URL`, `IDEM_TEST_MYSQL_URL`; SQLite uses a fresh file
+//! under the system temp directory.
+#![cfg(all(
+    feature = "test-util",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite"
+))]
+
+use std::time::Duration;
+
+use idem_core::conformance::{mysql_url, postgres_url, server_missing};
+use idem_sql::sqlx::mysql::MySqlPoolOptions;
+use idem_sql::sqlx::postgres::PgPoolOptions;
+use idem_sql::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+use idem_sql::{MySqlStore, PgStore, SqliteStore, TxSlot};
+
+/// Short enough for the lock-timeout case to run quickly.
+const LOCK_TIMEOUT: Duration = Duration::from_secs(1);
+
+async fn postgres() -> Option<PgStore> {
+    let url = postgres_url();
+    let pool = match PgPoolOptions::new().max_connections(80).connect(&url).await {
+        Ok(pool) => pool,
+        Err(err) => return server_missing("PostgreSQL", &url, err),
+    };
+    let store = PgStore::builder(pool)
+        .lock_timeout(LOCK_TIMEOUT)
+        .build()
+        .unwrap();
+    store.migrate().await.expect("migrate");
+    Some(store)
+}
+
+async fn mysql() -> Option<MySqlStore> {
+    let url = mysql_url();
+    let pool = match MySqlPoolOptions::new()
+        .max_connections(80)
+        .connect(&url)
+        .await
+    {
+        Ok(pool) => pool,
+        Err(err) => return server_missing("MySQL/MariaDB", &url, err),
+    };
+    let store = MySqlStore::builder(pool)
+        .lock_timeout(LOCK_TIMEOUT)
+        .build()
+        .unwrap();
+    store.migrate().await.expect("migrate");
+    Some(store)
+}
+
+/// A fresh SQLite file in the temp directory, named after `name`, in WAL.
+fn sqlite_file(name: &str) -> SqliteConnectOptions {
+    let path = std::env::temp_dir().join(format!("idem-test-{name}{:016x}.db", rand_u64()));
+    SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+}
+
+async fn sqlite() -> Option<SqliteStore> {
+    let options = sqlite_file("").busy_timeout(LOCK_TIMEOUT);
+    let pool = SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(options)
+        .await
+        .expect("a SQLite file in the temp directory");
+    let store = SqliteStore::new(pool);
+    store.migrate().await.expect("migrate");
+    Some(store)
+}
+
+/// A completed outcome: `201` with the body `done`.
+fn done_outcome() -> idem_core::Outcome {
+    idem_core::Outcome::Response(idem_core::StoredResponse::new(
+        http::StatusCode::CREATED,
+        http::HeaderMap::new(),
+        "done",
+    ))
+}
+
+fn rand_u64() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::time::SystemTime::now())
+}
+
+mod postgres {
+    idem_core::store_conformance_tests!(super::postgres());
+    idem_sql::transactional_conformance_tests!(super::postgres());
+}
+
+mod mysql {
+    idem_core::store_conformance_tests!(super::mysql());
+    idem_sql::transactional_conformance_tests!(super::mysql());
+}
+
+mod sqlite {
+    idem_core::store_conformance_tests!(super::sqlite());
+    idem_sql::transactional_conformance_tests!(super::sqlite());
+}
+
+/// MariaDB: a transactional claim runs with no lock wait, which is a session
+/// variable of the pooled connection. Every path must set it back: here a
+/// duplicate told "in flight" leaves its (only) connection waiting the
+/// store's lock timeout again, for the next user of the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_claims_leave_the_pooled_lock_wait_as_configured() {
+    use idem_core::Duplicate;
+    use idem_core::{Fingerprint, IdempotencyKey, OwnerToken};
+    use idem_core::{TransactionalStore, TxClaim};
+
+    let Some(first) = mysql().await else { return };
+    let url = mysql_url();
+    let one = MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .expect("MariaDB");
+    let elsewhere = MySqlStore::builder(one.clone())
+        .lock_timeout(Duration::from_secs(7))
+        .build()
+        .unwrap();
+    let key = IdempotencyKey::new("idem-test:", &format!("lock-wait:{:016x}", rand_u64()));
+    let fp = Fingerprint::from_bytes([9; 32]);
+    let claim = |store: &MySqlStore| {
+        let (store, key) = (store.clone(), key.clone());
+        async move {
+            store
+                .claim_in_transaction(&key, &fp, Duration::from_secs(60), OwnerToken::generate())
+                .await
+                .expect("MariaDB answers")
+        }
+    };
+
+    let TxClaim::Open(open) = claim(&first).await else {
+        panic!("the first claim acquires");
+    };
+    let duplicate = claim(&elsewhere).await;
+    assert!(
+        matches!(duplicate, TxClaim::Duplicate(Duplicate::InFlight { .. })),
+        "{duplicate:?}"
+    );
+    let wait: u64 = idem_sql::sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")
+        .fetch_one(&one)
+        .await
+        .expect("the session variable");
+    assert_eq!(wait, 7, "the claim's no-wait setting leaked into the pool");
+    open.rollback().await.expect("rollback");
+}
+
+/// SQLite: the store's own writes in one process take turns instead of
+/// meeting SQLite's busy handler. With `busy_timeout` zero, any write that
+/// found another connection writing would fail at once with `SQLITE_BUSY`;
+/// concurrent first requests on distinct keys, plain and transactional, on
+/// a pool of 8 from two threads, must all claim and complete, each with
+/// exactly one effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_writes_of_one_store_take_turns_instead_of_failing_busy() {
+    use idem_core::{Claim, Fingerprint, IdempotencyKey, OwnerToken};
+    use idem_core::{IdempotencyStore, TransactionalStore, TxClaim};
+    use idem_sql::sqlx::{self, Sqlite};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    const REQUESTS: usize = 48;
+    let options = sqlite_file("turns-").busy_timeout(Duration::ZERO);
+    let pool = SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(options)
+        .await
+        .expect("a SQLite file in the temp directory");
+    sqlx::query("CREATE TABLE effects (k TEXT NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let store = SqliteStore::new(pool.clone());
+    store.migrate().await.expect("migrate");
+    let (lease, keep) = (Duration::from_secs(30), Duration::from_secs(600));
+
+    let mut tasks = tokio::task::JoinSet::new();
+    let ran = Arc::new(AtomicUsize::new(0));
+    for n in 0..REQUESTS {
+        let (store, ran) = (store.clone(), Arc::clone(&ran));
+        tasks.spawn(async move {
+            let key = IdempotencyKey::new("idem-test:", &format!("turns:{n}"));
+            let fp = Fingerprint::from_bytes([7; 32]);
+            let owner = OwnerToken::generate();
+            if n % 2 == 0 {
+                let claim = store.claim(&key, &fp, lease, owner).await;
+                let Ok(Claim::Acquired(owner)) = claim else {
+                    return Err(format!("plain claim {n}: {claim:?}"));
+                };
+                // The handler's effect; not a write of the database, which
+                // would meet SQLite's lock outside the store's turns.
+                ran.fetch_add(1, Ordering::SeqCst);
+                let completed = store.complete(&key, &owner, &done_outcome(), keep).await;
+                completed.map_err(|err| format!("plain completion {n}: {err}"))
+            } else {
+                let claim = store.claim_in_transaction(&key, &fp, lease, owner).await;
+                let Ok(TxClaim::Open(tx)) = claim else {
+                    return Err(format!("transactional claim {n}: {claim:?}"));
+                };
+                {
+                    let handle = tx.handle();
+                    let mut guard = handle.get::<TxSlot<Sqlite>>().unwrap().lock().await;
+                    sqlx::query("INSERT INTO effects (k) VALUES (?1)")
+                        .bind(format!("tx-{n}"))
+                        .execute(&mut **guard.as_mut().unwrap())
+                        .await
+                        .expect("the effect, in the claim's transaction");
+                }
+                let committed = tx.commit(&done_outcome(), keep).await;
+                committed.map_err(|err| format!("commit {n}: {err}"))
+            }
+        });
+    }
+    let mut failed = Vec::new();
+    while let Some(result) = tasks.join_next().await {
+        if let Err(err) = result.expect("no task panics") {
+            failed.push(err);
+        }
+    }
+    assert_eq!(failed, Vec::<String>::new(), "every write took its turn");
+    let count = |sql: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(ran.load(Ordering::SeqCst), REQUESTS / 2, "plain handlers");
+    assert_eq!(
+        count("SELECT COUNT(*) FROM effects").await,
+        (REQUESTS / 2) as i64,
+        "transactional handlers' writes"
+    );
+    assert_eq!(
+        count("SELECT COUNT(*) FROM idem_records WHERE state = 'C'").await,
+        REQUESTS as i64
+    );
+}
+
+/// PostgreSQL: a transactional claim holds its key by an advisory lock and
+/// writes its record once, completed, at commit. While it is open nothing
+/// is in the table (a crash leaves nothing behind), another process's
+/// transactional claim is told "in flight" and a plain claim waits, then
+/// replays; a live record that got into the table meanwhile makes the
+/// commit fail, with none of its writes; an expired record is taken over.
+/// SQLite: a transactional claim begins its transaction before it waits for
+/// the turn to write, and holds a connection while it waits; at most
+/// `max_transactions` of them (half the pool by default) do, so the rest
+/// of the pool stays free for reads while one claim's handler runs and
+/// others queue behind it, and every queued claim then commits in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_transactional_claims_waiting_for_their_turn_leave_half_the_pool() {
+    use idem_core::{Fingerprint, IdempotencyKey, OwnerToken};
+    use idem_core::{TransactionalStore, TxClaim};
+    use idem_sql::sqlx;
+
+    const POOL: u32 = 4;
+    const QUEUED: usize = 5;
+    let options = sqlite_file("queued-");
+    let path = options.get_filename().to_owned();
+    let pool = SqlitePoolOptions::new()
+        .max_connections(POOL)
+        .acquire_timeout(Duration::from_secs(1))
+        .connect_with(options)
+        .await
+        .expect("a SQLite file in the temp directory");
+    let store = SqliteStore::new(pool.clone());
+    store.migrate().await.expect("migrate");
+    let (lease, keep) = (Duration::from_secs(30), Duration::from_secs(600));
+    let claim = |n: usize| {
+        let store = store.clone();
+        async move {
+            let key = IdempotencyKey::new("idem-test:", &format!("queued:{n}"));
+            let fp = Fingerprint::from_bytes([9; 32]);
+            store
+                .claim_in_transaction(&key, &fp, lease, OwnerToken::generate())
+                .await
+        }
+    };
+
+    // The first claim holds the turn, as its handler would.
+    let Ok(TxClaim::Open(first)) = claim(0).await else {
+        panic!("the first claim is open");
+    };
+    let mut queued = tokio::task::JoinSet::new();
+    for n in 1..=QUEUED {
+        let claim = claim(n);
+        let done = done_outcome();
+        queued.spawn(async move {
+            match claim.await {
+                Ok(TxClaim::Open(tx)) => tx.commit(&done, keep).await.map_err(|e| e.to_string()),
+                other => Err(format!("claim {n}: {other:?}")),
+            }
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let in_use = pool.size() - pool.num_idle() as u32;
+    assert!(
+        in_use <= POOL / 2,
+        "{in_use} of {POOL} connections held by the open claim and those queued behind it"
+    );
+    let read: i64 = sqlx::query_scalar("SELECT 1")
+        .fetch_one(&pool)
+        .await
+        .expect("a read finds a connection while claims queue for the turn");
+    assert_eq!(read, 1);
+
+    first
+        .commit(&done_outcome(), keep)
+        .await
+        .expect("the first commit");
+    let mut failed = Vec::new();
+    while let Some(result) = queued.join_next().await {
+        if let Err(err) = result.expect("no task panics") {
+            failed.push(err);
+        }
+    }
+    assert_eq!(
+        failed,
+        Vec::<String>::new(),
+        "every queued claim committed in turn"
+    );
+    let records: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {} WHERE state = 'C'",
+        store.table()
+    )))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(records, QUEUED as i64 + 1);
+    pool.close().await;
+    let _ = std::fs::remove_file(&path);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_transactional_claims_write_their_record_at_commit() {
+    use idem_core::{Claim, Duplicate, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
+    use idem_core::{IdempotencyStore, OpenTransaction, TransactionalStore, TxClaim};
+    use idem_core::{StoredResponse, conformance::postgres_url};
+    use idem_sql::sqlx::{self, Postgres};
+
+    let Some(store) = postgres().await else {
+        return;
+    };
+    let pool = store.pool().clone();
+    sqlx::query("CREATE TABLE IF NOT EXISTS idem_test_pg_effects (k TEXT NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let elsewhere = PgStore::builder(
+        PgPoolOptions::new()
+            .max_connections(4)
+            .connect(&postgres_url())
+            .await
+            .unwrap(),
+    )
+    .build()
+    .unwrap();
+    let run = rand_u64();
+    let key =
+        |name: &str| IdempotencyKey::new("idem-test:", &format!("pg-at-commit:{run:016x}:{name}"));
+    let fp = Fingerprint::from_bytes([5; 32]);
+    let lease = Duration::from_secs(30);
+    let outcome = |body: &'static str| {
+        Outcome::Response(StoredResponse::new(
+            http::StatusCode::CREATED,
+            http::HeaderMap::new(),
+            body,
+        ))
+    };
+    let open = |store: &PgStore, key: &IdempotencyKey| {
+        let (store, key) = (store.clone(), key.clone());
+        async move {
+            store
+                .claim_in_transaction(&key, &fp, lease, OwnerToken::generate())
+                .await
+                .expect("PostgreSQL answers")
+        }
+    };
+    let write = |tx: &dyn OpenTransaction, effect: String| {
+        let handle = tx.handle();
+        async move {
+            let mut guard = handle.get::<TxSlot<Postgres>>().unwrap().lock().await;
+            sqlx::query("INSERT INTO idem_test_pg_effects (k) VALUES ($1)")
+                .bind(effect)
+                .execute(&mut **guard.as_mut().unwrap())
+                .await
+                .expect("the effect, in the claim's transaction");
+        }
+    };
+    // `SELECT COUNT(*) ... WHERE {column} = $1`, on the pool.
+    let count = |sql: &'static str, value: String| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .bind(value)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let rows = |key: &IdempotencyKey| {
+        count(
+            "SELECT COUNT(*) FROM idem_records WHERE idem_key = $1",
+            key.as_str().to_owned(),
+        )
+    };
+    let effects = |effect: String| {
+        count(
+            "SELECT COUNT(*) FROM idem_test_pg_effects WHERE k = $1",
+            effect,
+        )
+    };
+
+    // Open: no record yet, another process told "in flight"; committed: one
+    // completed record, replayed.
+    let first = key("first");
+    let TxClaim::Open(tx) = open(&store, &first).await else {
+        panic!("a fresh key is acquired");
+    };
+    write(&*tx, format!("{run}-first")).await;
+    {
+        // Seen from inside the transaction itself.
+        let handle = tx.handle();
+        let mut guard = handle.get::<TxSlot<Postgres>>().unwrap().lock().await;
+        let inside: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM idem_records WHERE idem_key = $1")
+                .bind(first.as_str())
+                .fetch_one(&mut **guard.as_mut().unwrap())
+                .await
+                .unwrap();
+        assert_eq!(inside, 0, "nothing written before the commit");
+    }
+    let duplicate = open(&elsewhere, &first).await;
+    assert!(
+        matches!(duplicate, TxClaim::Duplicate(Duplicate::InFlight { .. })),
+        "{duplicate:?}"
+    );
+    tx.commit(&outcome("first"), lease).await.expect("commit");
+    assert_eq!(rows(&first).await, 1);
+    assert_eq!(effects(format!("{run}-first")).await, 1);
+    let replay = elsewhere
+        .claim(&first, &fp, lease, OwnerToken::generate())
+        .await
+        .unwrap();
+    assert_eq!(replay, Claim::Replay(outcome("first")));
+
+    // A plain claim of the key while the transaction is open waits for it
+    // (the advisory lock, shared), then replays what it committed.
+    let waited = key("waited");
+    let TxClaim::Open(tx) = open(&store, &waited).await else {
+        panic!("a fresh key is acquired");
+    };
+    write(&*tx, format!("{run}-waited")).await;
+    let plain = tokio::spawn({
+        let (elsewhere, waited) = (elsewhere.clone(), waited.clone());
+        async move {
+            elsewhere
+                .claim(&waited, &fp, lease, OwnerToken::generate())
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !plain.is_finished(),
+        "the plain claim waits for the transaction"
+    );
+    tx.commit(&outcome("waited"), lease).await.expect("commit");
+    assert_eq!(
+        plain.await.unwrap().unwrap(),
+        Claim::Replay(outcome("waited"))
+    );
+    assert_eq!(effects(format!("{run}-waited")).await, 1);
+
+    // The unique index is the last word: a live record that got into the
+    // table meanwhile, by any path, makes the commit fail, and none of the
+    // transaction's writes stay.
+    let raced = key("raced");
+    let TxClaim::Open(tx) = open(&store, &raced).await else {
+        panic!("a fresh key is acquired");
+    };
+    write(&*tx, format!("{run}-raced")).await;
+    sqlx::query(
+        "INSERT INTO idem_records (key_hash, idem_key, state, owner, fingerprint, expires_at) \
+         VALUES ($1, $2, 'I', $3, $4, now() + interval '1 minute')",
+    )
+    .bind(&blake3::hash(raced.as_str().as_bytes()).as_bytes()[..])
+    .bind(raced.as_str())
+    .bind(&OwnerToken::generate().as_bytes()[..])
+    .bind(&fp.as_bytes()[..])
+    .execute(&pool)
+    .await
+    .expect("a live record written past the store");
+    assert!(tx.commit(&outcome("tx"), lease).await.is_err(), "refused");
+    assert_eq!(effects(format!("{run}-raced")).await, 0, "rolled back");
+
+    // An expired record is taken over at commit.
+    let expired = key("expired");
+    let Claim::Acquired(owner) = store
+        .claim(&expired, &fp, lease, OwnerToken::generate())
+        .await
+        .unwrap()
+    else {
+        panic!("a fresh key is acquired");
+    };
+    store
+        .complete(&expired, &owner, &outcome("old"), Duration::from_millis(50))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let TxClaim::Open(tx) = open(&store, &expired).await else {
+        panic!("an expired key is acquired");
+    };
+    tx.commit(&outcome("new"), lease).await.expect("takes over");
+    assert_eq!(rows(&expired).await, 1);
+    let replay = store
+        .claim(&expired, &fp, lease, OwnerToken::generate())
+        .await
+        .unwrap();
+    assert_eq!(replay, Claim::Replay(outcome("new")));
+}
