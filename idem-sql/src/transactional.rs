@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+use tokio::sync::watch;
+
 use super::open::{Check, Held, Marked};
 use super::{ClaimArgs, Dialect, SqlStore, Turn, TxSlot, key_hash, unavailable};
 use idem_core::expiry_millis;
@@ -21,105 +23,50 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
         owner: OwnerToken,
     ) -> BoxFuture<'a, Result<TxClaim, Error>> {
         Box::pin(async move {
-            let inner = &self.inner;
             let hash = key_hash(key);
-            let in_flight = Ok(TxClaim::Duplicate(Duplicate::InFlight {
-                retry_after: lease,
-            }));
-            // A duplicate of a key this process has marked: answered from
-            // memory, without a connection, with what the marking request's
-            // check finds (waited for up to the lock timeout).
-            let mark = match inner.open.mark(hash) {
+            let mark = match self.inner.open.mark(hash) {
                 Marked::Mine(mark) => mark,
-                Marked::Theirs(mut check) => {
-                    let checked = tokio::time::timeout(
-                        inner.lock_timeout,
-                        check.wait_for(|check| !matches!(check, Check::Running)),
-                    )
-                    .await;
-                    return match checked.as_ref().map(|c| c.as_deref()) {
-                        Ok(Ok(Check::Answered(of, duplicate))) if of == fingerprint => {
-                            Ok(TxClaim::Duplicate(duplicate.clone()))
-                        }
-                        // Open, gone without an answer, another request's
-                        // answer, or still running: in flight.
-                        _ => in_flight,
-                    };
+                Marked::Theirs(check) => {
+                    return Ok(self.answer_from_memory(check, fingerprint, lease).await);
                 }
             };
             // Our turn among this process's open claims, waited for without a
             // connection.
-            let acquire_timeout = inner.pool.options().get_acquire_timeout();
-            let Some(held) = inner.open.hold(mark, acquire_timeout).await else {
+            let acquire_timeout = self.inner.pool.options().get_acquire_timeout();
+            let Some(held) = self.inner.open.hold(mark, acquire_timeout).await else {
                 return Err(Error::unavailable(format!(
                     "no turn among the {} open transactional claims within {acquire_timeout:?}",
-                    inner.open.max()
+                    self.inner.open.max()
                 )));
             };
-            // On SQLite the transaction holds the write lock from its claim
-            // to its commit: it takes the turn to write for all of it, and
-            // a turn that does not come in time is answered as SQLite's lock
-            // would be. It begins before it waits for the turn (a deferred
-            // BEGIN takes no lock, and no snapshot until the claim writes),
-            // so that the turn, which SQLite's transactional claims pass on
-            // one at a time, is not also held while a connection is taken
-            // and BEGIN goes to the database.
-            let mut tx = inner.pool.begin().await.map_err(unavailable)?;
-            let Some(turn) = inner.writer.wait(inner.lock_timeout).await else {
-                finish(tx).await;
-                return in_flight;
+            let Some((mut tx, turn)) = self.begin_in_turn().await? else {
+                return Ok(in_flight(lease));
             };
-            // Another process's open claim of the key: in flight, answered
-            // at once (dropping `tx` rolls back and returns the connection).
-            if !DB::begin_claim(&mut tx, &hash, inner.lock_timeout)
-                .await
-                .map_err(unavailable)?
-            {
-                finish(tx).await;
-                return in_flight;
-            }
-            // The claim (`Dialect::tx_claim`). On PostgreSQL it only reads:
-            // the advisory lock just taken holds the key until the
-            // transaction ends, and the completed row is written at commit.
-            // Elsewhere, unlike `claim`, nothing reads first: the claim
-            // writes its row before it reads. A plain read there cannot see
-            // another transaction's uncommitted claim, and it has effects: on
-            // MySQL/MariaDB (REPEATABLE READ) it fixes the transaction's read
-            // view, so the handler would read its data as of before the
-            // claim; on SQLite it opens the transaction as a reader, and a
-            // reader that another connection's commit overtook cannot become
-            // the writer (SQLITE_BUSY_SNAPSHOT).
-            let claimed = self
-                .claim_on(&mut tx, key, &hash, fingerprint, lease, owner, true)
-                .await
-                .map(Claim::acquired);
-            DB::end_claim(&mut tx, inner.lock_timeout)
-                .await
-                .map_err(unavailable)?;
             // Anything but our claim: nothing of ours to keep. Rolled back
             // here and now, not left to the drop (sqlx rolls a dropped
             // transaction back lazily): until then it would hold the key's
             // try-lock, and the next claim would be told "in flight" instead
             // of replaying.
-            let owner = match claimed {
-                Ok(Ok(owner)) => {
+            let owner = match self
+                .claim_in(&mut tx, key, &hash, fingerprint, lease, owner)
+                .await
+            {
+                Ok(InTransaction::Acquired(owner)) => {
                     held.checked(Check::Open);
                     owner
                 }
-                Ok(Err(duplicate)) => {
+                Ok(InTransaction::Answered(duplicate)) => {
                     held.checked(Check::Answered(*fingerprint, duplicate.clone()));
                     finish(tx).await;
                     return Ok(TxClaim::Duplicate(duplicate));
                 }
-                // Another transaction's claim row (MySQL/MariaDB, which wait
-                // for no lock in a claim), or SQLite's write lock.
-                Err(err) if DB::is_lock_timeout(&err) => {
+                Ok(InTransaction::Locked) => {
                     finish(tx).await;
-                    return in_flight;
+                    return Ok(in_flight(lease));
                 }
                 Err(err) => {
                     finish(tx).await;
-                    return Err(unavailable(err));
+                    return Err(err);
                 }
             };
             Ok(TxClaim::Open(Box::new(SqlOpenTransaction {
@@ -134,6 +81,114 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
             })))
         })
     }
+}
+
+/// What a claim run inside its transaction found.
+enum InTransaction {
+    /// The key is ours, held by the transaction until it ends.
+    Acquired(OwnerToken),
+    /// The key's record answered: a replay, in flight, or a mismatch.
+    Answered(Duplicate),
+    /// Another transaction holds the key: another process's open claim
+    /// (its lock, or its claim row on MySQL/MariaDB, which wait for no lock
+    /// in a claim), or SQLite's write lock.
+    Locked,
+}
+
+impl<DB: Dialect> SqlStore<DB> {
+    /// A duplicate of a key this process has marked, answered from memory
+    /// without a connection: with what the marking request's check finds,
+    /// waited for up to the lock timeout.
+    async fn answer_from_memory(
+        &self,
+        mut check: watch::Receiver<Check>,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> TxClaim {
+        let checked = tokio::time::timeout(
+            self.inner.lock_timeout,
+            check.wait_for(|check| !matches!(check, Check::Running)),
+        )
+        .await;
+        match checked.as_ref().map(|c| c.as_deref()) {
+            Ok(Ok(Check::Answered(of, duplicate))) if of == fingerprint => {
+                TxClaim::Duplicate(duplicate.clone())
+            }
+            // Open, gone without an answer, another request's answer, or
+            // still running: in flight.
+            _ => in_flight(lease),
+        }
+    }
+
+    /// A transaction begun for a claim, with the turn to write; `None`
+    /// (and the transaction rolled back) if the turn did not come within
+    /// the lock timeout.
+    ///
+    /// On SQLite the transaction holds the write lock from its claim to its
+    /// commit: it takes the turn to write for all of it, and a turn that
+    /// does not come in time is answered as SQLite's lock would be. It
+    /// begins before it waits for the turn (a deferred BEGIN takes no lock,
+    /// and no snapshot until the claim writes), so that the turn, which
+    /// SQLite's transactional claims pass on one at a time, is not also held
+    /// while a connection is taken and BEGIN goes to the database.
+    async fn begin_in_turn(&self) -> Result<Option<(sqlx::Transaction<'static, DB>, Turn)>, Error> {
+        let tx = self.inner.pool.begin().await.map_err(unavailable)?;
+        match self.inner.writer.wait(self.inner.lock_timeout).await {
+            Some(turn) => Ok(Some((tx, turn))),
+            None => {
+                finish(tx).await;
+                Ok(None)
+            }
+        }
+    }
+
+    /// The claim of `key` in `tx`.
+    ///
+    /// First the dialect's `begin_claim`: another process's open claim of
+    /// the key is found at once, without waiting for it. Then the claim
+    /// itself (`Dialect::tx_claim`). On PostgreSQL it only reads: the
+    /// advisory lock just taken holds the key until the transaction ends,
+    /// and the completed row is written at commit. Elsewhere, unlike
+    /// `claim`, nothing reads first: the claim writes its row before it
+    /// reads. A plain read there cannot see another transaction's
+    /// uncommitted claim, and it has effects: on MySQL/MariaDB (REPEATABLE
+    /// READ) it fixes the transaction's read view, so the handler would
+    /// read its data as of before the claim; on SQLite it opens the
+    /// transaction as a reader, and a reader that another connection's
+    /// commit overtook cannot become the writer (SQLITE_BUSY_SNAPSHOT).
+    async fn claim_in(
+        &self,
+        tx: &mut sqlx::Transaction<'static, DB>,
+        key: &IdempotencyKey,
+        hash: &[u8; 32],
+        fingerprint: &Fingerprint,
+        lease: Duration,
+        owner: OwnerToken,
+    ) -> Result<InTransaction, Error> {
+        let lock_timeout = self.inner.lock_timeout;
+        if !DB::begin_claim(tx, hash, lock_timeout)
+            .await
+            .map_err(unavailable)?
+        {
+            return Ok(InTransaction::Locked);
+        }
+        let claimed = self
+            .claim_on(tx, key, hash, fingerprint, lease, owner, true)
+            .await
+            .map(Claim::acquired);
+        DB::end_claim(tx, lock_timeout).await.map_err(unavailable)?;
+        match claimed {
+            Ok(Ok(owner)) => Ok(InTransaction::Acquired(owner)),
+            Ok(Err(duplicate)) => Ok(InTransaction::Answered(duplicate)),
+            Err(err) if DB::is_lock_timeout(&err) => Ok(InTransaction::Locked),
+            Err(err) => Err(unavailable(err)),
+        }
+    }
+}
+
+/// The answer to a claim of a key another attempt holds.
+fn in_flight(lease: Duration) -> TxClaim {
+    TxClaim::Duplicate(Duplicate::InFlight { retry_after: lease })
 }
 
 /// Rolls back a claim's transaction that holds nothing of ours. A failed
