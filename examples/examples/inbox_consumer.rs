@@ -10,7 +10,7 @@
 //! Needs no server: the inbox and the accounts live in an in-memory SQLite
 //! database, and the "broker" is a list of deliveries. `Inbox` works the
 //! same on a `PgPool` or a `MySqlPool`; the `consumer` binary
-//! (`cargo run -p idem-examples --bin consumer -- --help`) is the same
+//! (`cargo run -p idem-app --bin consumer -- --help`) is the same
 //! consumer on NATS JetStream.
 #![allow(clippy::print_stdout, reason = "the example prints what happened")]
 

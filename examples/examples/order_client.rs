@@ -1,42 +1,100 @@
 //! The caller's half: orders placed through `IdempotencyClientLayer` on
-//! hyper-util's client, against the orders app (chaos on) served in process
-//! on loopback. Each attempt and each final `RetryReport` is printed.
+//! hyper-util's client, against a small orders service (an
+//! `#[idempotent]` axum route) served in process on loopback. Each attempt
+//! and each final `RetryReport` is printed.
 //!
 //! ```text
 //! cargo run -p idem-examples --example order_client
 //! ```
 //!
-//! Needs nothing: the app runs on the in-memory store. The second order
+//! Needs nothing: the service keeps its orders in memory. The second order
 //! carries `X-Chaos-Fail: 503` on its first two attempts (a small
-//! `service_fn` in front of the HTTP client adds it), so the layer retries
-//! it with the same key; the third reuses the caller's own key and is
+//! `service_fn` in front of the HTTP client adds it), which the service
+//! answers with a 503 before it writes anything, so the layer retries it
+//! with the same key; the third reuses the caller's own key and is
 //! replayed.
 #![allow(clippy::print_stdout, reason = "the example prints what happened")]
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::{Json, Router};
 
 use bytes::Bytes;
 use http::{HeaderValue, Request};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use idem_examples::orders::App;
 use idem_tower::client::{IdempotencyClientLayer, RetryPolicy, RetryReport};
+use idem_tower::{Idempotency, MemoryStore, idempotent};
+use serde_json::{Value, json};
 use tower::{ServiceBuilder, ServiceExt, service_fn};
+
+/// The orders placed, in order.
+type Orders = Arc<Mutex<Vec<Value>>>;
+
+/// The service's state: the idempotency handle and the orders.
+#[derive(Clone)]
+struct Shop {
+    idem: Idempotency,
+    orders: Orders,
+}
+
+impl axum::extract::FromRef<Shop> for Idempotency {
+    fn from_ref(shop: &Shop) -> Self {
+        shop.idem.clone()
+    }
+}
+
+/// Places an order, once per key: a 503 (before any write) when asked by
+/// `X-Chaos-Fail: 503`, which releases the key for the retry.
+#[idempotent(key = "order:{header:idempotency-key}", ttl = "24h")]
+async fn place_order(
+    State(shop): State<Shop>,
+    headers: HeaderMap,
+    Json(order): Json<Value>,
+) -> (StatusCode, Json<Value>) {
+    if headers.get("x-chaos-fail").is_some_and(|v| v == "503") {
+        let busy = json!({"error": "try again"});
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(busy));
+    }
+    let mut orders = shop.orders.lock().expect("not poisoned");
+    let placed = json!({"order_id": orders.len() + 1, "order": order});
+    orders.push(placed.clone());
+    (StatusCode::CREATED, Json(placed))
+}
+
+/// The orders so far: a read, which needs no key.
+async fn list_orders(State(shop): State<Shop>) -> Json<Vec<Value>> {
+    Json(shop.orders.lock().expect("not poisoned").clone())
+}
+
+/// Serves the orders service on 127.0.0.1, an ephemeral port; its URL.
+async fn serve() -> std::io::Result<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let shop = Shop {
+        idem: Idempotency::new(MemoryStore::new()),
+        orders: Orders::default(),
+    };
+    let router = Router::new()
+        .route("/orders", post(place_order).get(list_orders))
+        .with_state(shop);
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    Ok(base)
+}
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    // The orders app with `--chaos`, on 127.0.0.1, an ephemeral port.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let base = format!("http://{}", listener.local_addr()?);
-    let router = App::in_memory(true).router();
-    tokio::spawn(async move { axum::serve(listener, router).await });
+    let base = serve().await?;
 
     // Prints each attempt; on the attempts listed in `fail` (numbered from
-    // 1 per order) adds `X-Chaos-Fail: 503`, which the app answers with a
-    // 503 before any write.
+    // 1 per order) adds `X-Chaos-Fail: 503`, which the service answers
+    // with a 503 before any write.
     let http = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let attempt = Arc::new(AtomicU32::new(0));
     let fail = Arc::new(AtomicU32::new(0));
@@ -78,10 +136,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         println!("{what}:");
         attempt.store(0, Ordering::SeqCst);
         fail.store(failures, Ordering::SeqCst);
-        let mut request = Request::post(format!("{base}/orders"))
-            .header("content-type", "application/json")
-            .header("x-tenant-id", "acme")
-            .header("authorization", "Bearer alice");
+        let mut request =
+            Request::post(format!("{base}/orders")).header("content-type", "application/json");
         if let Some(key) = key {
             request = request.header("idempotency-key", key);
         }
@@ -106,8 +162,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 
     println!("GET /orders (safe: no key):");
     attempt.store(0, Ordering::SeqCst);
-    let list = Request::get(format!("{base}/orders?tenant=acme&user=alice"))
-        .body(Full::<Bytes>::default())?;
+    let list = Request::get(format!("{base}/orders")).body(Full::<Bytes>::default())?;
     let response = client.oneshot(list).await?;
     let body = response.into_body().collect().await?.to_bytes();
     println!("  => {}", String::from_utf8_lossy(&body));

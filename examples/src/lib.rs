@@ -1,27 +1,7 @@
-//! Runnable idem apps. [`orders`] is the reference app (README.md, "The
-//! reference app"): run it with `cargo run -p idem-examples --bin orders`.
-//! On SQL it enqueues an `order.created` event per order in idem's
-//! transactional outbox, which the `relay` binary publishes to NATS
-//! JetStream (`cargo run -p idem-examples --bin relay`). [`consumer`] is an
-//! idempotent NATS JetStream consumer, of transfers or of those events:
-//! `cargo run -p idem-examples --bin consumer`. The small examples, one
+//! The code of the idem examples that is larger than one file:
+//! [`grpc_payments`], the service of the `grpc_payments` example, with its
+//! `.proto` and the code generated from it. The examples themselves, one
 //! concept each, are cargo examples of this crate: `examples/README.md`
-//! lists them, and how to run the three binaries together.
+//! lists them. The reference app is the `idem-app` crate.
 
-pub mod consumer;
 pub mod grpc_payments;
-pub mod orders;
-pub mod placeholders;
-pub mod sql_pool;
-
-/// Logs to stderr, at `RUST_LOG`'s levels (`info` by default): how the
-/// `relay` and `consumer` binaries log, so stdout stays free.
-pub fn log_to_stderr() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-}

@@ -7,7 +7,7 @@
 //! The broker here is a recording [`Publisher`] (what it was handed, in what
 //! order, and how many publishes of one key overlapped): these tests are
 //! about the claims and leases in the database. The JetStream publisher is
-//! tested against a real NATS server in `examples/tests/outbox.rs`.
+//! tested against a real NATS server in `app/tests/outbox.rs`.
 #![cfg(all(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 
 use std::collections::{HashMap, HashSet};

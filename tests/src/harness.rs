@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use axum::Router;
 use http::{Request, StatusCode};
-use idem_examples::orders::{App, Wiring};
+use idem_app::orders::{App, Wiring};
 use idem_tower::IdempotencyBuilder;
 use tower::ServiceExt;
 

@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::TokioExecutor;
-use idem_examples::orders::{App, STARTING_BALANCE_CENTS};
+use idem_app::orders::{App, STARTING_BALANCE_CENTS};
 use idem_tests::{Harness, prometheus};
 use idem_tower::client::{IdempotencyClientLayer, RetryPolicy, RetryReport};
 use metrics_exporter_prometheus::PrometheusBuilder;

@@ -13,7 +13,7 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use idem_examples::orders::{App, STARTING_BALANCE_CENTS};
+use idem_app::orders::{App, STARTING_BALANCE_CENTS};
 use idem_tests::Harness;
 use idem_tests::fault_proxy::fault_proxy;
 use idem_tower::client::{IdempotencyClientLayer, RetryPolicy, RetryReport};

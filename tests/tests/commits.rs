@@ -5,7 +5,7 @@
 //! in a test binary of its own, so no other activity lands in the count.
 
 use http::StatusCode;
-use idem_examples::orders::App;
+use idem_app::orders::App;
 use idem_tests::Harness;
 use idem_tests::pg_stats::PgStats;
 

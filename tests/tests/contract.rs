@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use http::StatusCode;
-use idem_examples::orders::{STARTING_BALANCE_CENTS, Wiring};
+use idem_app::orders::{STARTING_BALANCE_CENTS, Wiring};
 use idem_tests::{Backend, Call, Harness, Via};
 use serde_json::json;
 
@@ -38,7 +38,7 @@ macro_rules! on_every_backend {
                     let harness = idem_tests::Harness::start_with(
                         idem_tests::Backend::$backend,
                         idem_tests::Via::$via,
-                        idem_examples::orders::Wiring::$wiring,
+                        idem_app::orders::Wiring::$wiring,
                         |builder| builder,
                     )
                     .await;

@@ -2,10 +2,10 @@
 //! by outcome and matched route, claim latency and the keys duplicates hit
 //! most. In a test binary of its own: the metrics recorder is process-wide.
 //! The recorder is the one the `orders` binary installs
-//! (`examples/tests/metrics.rs` scrapes the binary itself).
+//! (`app/tests/metrics.rs` scrapes the binary itself).
 
 use http::StatusCode;
-use idem_examples::orders::{App, install_prometheus};
+use idem_app::orders::{App, install_prometheus};
 use idem_tests::prometheus::metric as value;
 use idem_tests::{Call, Harness};
 use serde_json::json;

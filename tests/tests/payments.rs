@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use http::StatusCode;
-use idem_examples::orders::Wiring;
+use idem_app::orders::Wiring;
 use idem_tests::{Backend, Call, Harness, Via};
 use serde_json::json;
 
@@ -35,7 +35,7 @@ macro_rules! on_every_backend {
                     super::$case(
                         idem_tests::Backend::$backend,
                         idem_tests::Via::$via,
-                        idem_examples::orders::Wiring::$wiring,
+                        idem_app::orders::Wiring::$wiring,
                     )
                     .await;
                 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
-use idem_examples::orders::{App, STARTING_BALANCE_CENTS};
+use idem_app::orders::{App, STARTING_BALANCE_CENTS};
 use idem_tests::{Backend, Harness};
 use idem_tower::core::conformance::RedisServer;
 use tokio::sync::Mutex;

@@ -5,7 +5,7 @@
 //! send to a Redis of the test's own (`MONITOR`); SQL is `pg_stat_database`
 //! of a database of its own.
 
-use idem_examples::orders::App;
+use idem_app::orders::App;
 use idem_tests::Harness;
 use idem_tests::pg_stats::PgStats;
 use std::io::{BufRead, BufReader};

@@ -1,18 +1,18 @@
 //! An idempotent consumer on NATS JetStream, of transfer messages or of the
 //! orders app's `order.created` events:
-//! `cargo run -p idem-examples --bin consumer -- --help`.
+//! `cargo run -p idem-app --bin consumer -- --help`.
 //!
 //! Each transfer credits an account once, and each order books its user's
 //! loyalty points once (`--feed orders`), whatever the broker redelivers
 //! and whatever the producer re-publishes: the idem inbox row (unique on
 //! the message id and on the business id) commits with the ledger entry.
-//! See [`idem_examples::consumer`] for why JetStream (a durable pull
+//! See [`idem_app::consumer`] for why JetStream (a durable pull
 //! consumer with explicit acknowledgement) and how a crash is survived.
 //!
 //! Try it (with `nats` from the NATS CLI, or any JetStream publisher):
 //!
 //! ```text
-//! cargo run -p idem-examples --bin consumer -- --database sqlite://ledger.db
+//! cargo run -p idem-app --bin consumer -- --database sqlite://ledger.db
 //! nats pub transfers '{"transfer_id":"T-1","account":"alice","amount_cents":500}' \
 //!     -H 'Idem-Message-Id: m-1'     # twice: one credit
 //! ```
@@ -20,14 +20,14 @@
 //! or, with the `orders` app and its `relay` running (examples/README.md):
 //!
 //! ```text
-//! cargo run -p idem-examples --bin consumer -- --feed orders --database sqlite://rewards.db
+//! cargo run -p idem-app --bin consumer -- --feed orders --database sqlite://rewards.db
 //! ```
 
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use idem_examples::consumer::{self, Feed, Ledger, Settings};
-use idem_examples::orders::{ORDER_CREATED_SUBJECT, ORDERS_STREAM};
+use idem_app::consumer::{self, Feed, Ledger, Settings};
+use idem_app::orders::{ORDER_CREATED_SUBJECT, ORDERS_STREAM};
 
 /// What to consume.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -81,7 +81,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> Result<(), consumer::BoxError> {
-    idem_examples::log_to_stderr();
+    idem_app::log_to_stderr();
     let args = Args::parse();
     let ledger = Ledger::connect(&args.database).await?;
     let (feed, stream, subject, durable) = match args.feed {

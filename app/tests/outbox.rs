@@ -33,9 +33,9 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use futures_util::StreamExt;
-use idem_examples::consumer::{Ledger, Reward, points};
-use idem_examples::orders::ORDERS_STREAM;
-use idem_examples::sql_pool::SqlPool;
+use idem_app::consumer::{Ledger, Reward, points};
+use idem_app::orders::ORDERS_STREAM;
+use idem_app::sql_pool::SqlPool;
 use idem_tower::core::conformance::{mysql_url, postgres_url, server_missing, server_url};
 use idem_tower::sql::sqlx::{self, AssertSqlSafe};
 use serde_json::Value;
@@ -281,7 +281,7 @@ fn consumer(db: &TestDb, nats: &Nats, concurrency: usize) -> Spawned {
         .args(["--feed", "orders", "--nats", &nats.url])
         .args(["--database", &db.consumer_url, "--ack-wait-ms", "2000"])
         .args(["--concurrency", &concurrency.to_string()])
-        .env("RUST_LOG", "warn,idem_examples::consumer=info");
+        .env("RUST_LOG", "warn,idem_app::consumer=info");
     Spawned::start(command, "consumer ready")
 }
 

@@ -32,7 +32,7 @@
 //! redelivery (a failed handler, or a message lost on its way while the
 //! connection dropped) comes after messages published later.
 //!
-//! Run it: `cargo run -p idem-examples --bin consumer -- --help`.
+//! Run it: `cargo run -p idem-app --bin consumer -- --help`.
 
 mod ledger;
 

@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 
-use idem_examples::orders::STARTING_BALANCE_CENTS;
+use idem_app::orders::STARTING_BALANCE_CENTS;
 use idem_tower::sql::sqlx::{self, PgPool, Row};
 
 use crate::workload::{Answer, Kind, Sent};

@@ -97,7 +97,7 @@ async fn a_first_and_a_duplicate_show_in_the_binarys_metrics(database: &str) {
         .count();
     assert_eq!(
         buckets,
-        idem_examples::orders::CLAIM_SECONDS_BUCKETS.len() + 1,
+        idem_app::orders::CLAIM_SECONDS_BUCKETS.len() + 1,
         "{text}"
     );
 
@@ -150,7 +150,7 @@ async fn the_binary_counts_a_duplicate_sql_caught_after_redis_lost_the_key() {
     let tenant = unique("metrics-tier");
 
     let text = scrape(base).await;
-    for (name, _) in idem_examples::orders::TIER_COUNTERS {
+    for (name, _) in idem_app::orders::TIER_COUNTERS {
         assert_eq!(
             metric(&text, name, &[]),
             Some(0.0),

@@ -1,7 +1,7 @@
 //! The orders app's outbox relay: publishes the `order.created` events
 //! that `POST /orders` committed to its outbox, to NATS JetStream, at least
 //! once each and one user's in order:
-//! `cargo run -p idem-examples --bin relay -- --help`.
+//! `cargo run -p idem-app --bin relay -- --help`.
 //!
 //! It runs idem's `Relay` over the orders database's outbox with a
 //! `JetStreamPublisher`: each event goes to the subject named by its topic
@@ -13,10 +13,10 @@
 //! subject no stream captures cannot be published to.
 //!
 //! ```text
-//! cargo run -p idem-examples --bin orders -- --database postgres://postgres@127.0.0.1/test
-//! cargo run -p idem-examples --bin relay -- --database postgres://postgres@127.0.0.1/test \
+//! cargo run -p idem-app --bin orders -- --database postgres://postgres@127.0.0.1/test
+//! cargo run -p idem-app --bin relay -- --database postgres://postgres@127.0.0.1/test \
 //!     --metrics-listen 127.0.0.1:9187
-//! cargo run -p idem-examples --bin consumer -- --feed orders --database sqlite://rewards.db
+//! cargo run -p idem-app --bin consumer -- --feed orders --database sqlite://rewards.db
 //! ```
 //!
 //! It prints `relay ready: NAME` on stderr once it runs (after
@@ -28,11 +28,11 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
 use clap::Parser;
-use idem_examples::orders::{
+use idem_app::orders::{
     BoxError, ORDER_CREATED_SUBJECT, ORDERS_STREAM, install_prometheus, metrics_router,
     register_outbox_metrics,
 };
-use idem_examples::sql_pool::SqlPool;
+use idem_app::sql_pool::SqlPool;
 use idem_tower::core::BoxFuture;
 use idem_tower::guards::GuardDb;
 use idem_tower::guards::{JetStreamPublisher, Outbox, PendingEvent, Published, Publisher, Relay};
@@ -114,7 +114,7 @@ impl<P: Publisher> Publisher for SlowPublisher<P> {
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    idem_examples::log_to_stderr();
+    idem_app::log_to_stderr();
     let args = Args::parse();
     if let Some(addr) = args.metrics_listen {
         let prometheus = install_prometheus()?;

@@ -104,7 +104,7 @@ impl Report {
     pub(crate) fn row(&self) -> String {
         let v = &self.verdict;
         format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | `cargo test -p idem-examples --test faults -- {}` |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | `cargo test -p idem-app --test faults -- {}` |",
             self.name,
             v.operations,
             v.effects,

@@ -5,7 +5,7 @@
 /// that name each parameter in order, or bind a repeated one again.
 ///
 /// ```
-/// use idem_examples::placeholders::positional;
+/// use idem_app::placeholders::positional;
 ///
 /// assert_eq!(positional("UPDATE t SET a = $1 WHERE b = $2"), "UPDATE t SET a = ? WHERE b = ?");
 /// ```

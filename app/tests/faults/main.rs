@@ -4,8 +4,8 @@
 //! the ledger with the operations (exactly one effect each, nothing
 //! acknowledged lost, every answer the stored order).
 //!
-//! `cargo test -p idem-examples --test faults` runs every scenario;
-//! `cargo test -p idem-examples --test faults -- postgres-restart` one (any
+//! `cargo test -p idem-app --test faults` runs every scenario;
+//! `cargo test -p idem-app --test faults -- postgres-restart` one (any
 //! name containing the argument). Each prints its row of the table in
 //! RELIABILITY.md; with `IDEM_RELIABILITY_OUT=FILE` the table is written
 //! there too. A run with a double, a lost effect, a wrong answer or an

@@ -1,10 +1,10 @@
-//! The reference app: `cargo run -p idem-examples --bin orders -- --help`.
+//! The reference app: `cargo run -p idem-app --bin orders -- --help`.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Parser;
-use idem_examples::orders::{App, install_prometheus, register_tier_counters};
+use idem_app::orders::{App, install_prometheus, register_tier_counters};
 use idem_tower::IdempotencyBuilder;
 use tracing_subscriber::EnvFilter;
 
@@ -37,7 +37,7 @@ struct Args {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), idem_examples::orders::BoxError> {
+async fn main() -> Result<(), idem_app::orders::BoxError> {
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),

@@ -1,7 +1,7 @@
 //! The reference app (README.md, "The reference app"): orders that debit a
 //! balance, and payments whose provider callbacks credit a ledger, made
 //! idempotent with idem, on any store. The contract tests (`tests/`), the
-//! process tests (`examples/tests/`) and the benchmark drive it; for one
+//! process tests (`app/tests/`) and the benchmark drive it; for one
 //! concept at a time, see the small examples (`examples/README.md`).
 //!
 //! Where to look:
@@ -20,7 +20,7 @@
 //! ```no_run
 //! # async fn run() -> std::io::Result<()> {
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
-//! let app = idem_examples::orders::App::in_memory(false);
+//! let app = idem_app::orders::App::in_memory(false);
 //! axum::serve(listener, app.router()).await
 //! # }
 //! ```
