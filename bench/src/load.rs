@@ -16,7 +16,6 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
-use tokio::sync::Barrier;
 
 /// The request body every scenario sends but the orders endpoint's.
 pub(crate) const ORDER: &str = r#"{"sku":"SKU-0042","qty":2,"amount_cents":1299}"#;
@@ -63,6 +62,17 @@ pub(crate) enum Keys {
     Unique(String),
     /// The same key on every request (a completed key: replays).
     Fixed(HeaderValue),
+}
+
+impl Keys {
+    /// The key of request `seq` (from 1) of connection `conn`.
+    fn key(&self, conn: usize, seq: u64) -> HeaderValue {
+        match self {
+            Self::Unique(prefix) => HeaderValue::try_from(format!("{prefix}-{conn}-{seq}"))
+                .expect("a visible-ASCII key"),
+            Self::Fixed(key) => key.clone(),
+        }
+    }
 }
 
 /// What a response must be to count as expected.
@@ -287,6 +297,7 @@ struct Clock {
     deadline: Instant,
 }
 
+/// What one connection saw.
 struct ConnResult {
     requests: u64,
     total: u64,
@@ -297,19 +308,48 @@ struct ConnResult {
     last_measured: Instant,
 }
 
+impl ConnResult {
+    /// Counts `response` (to a request sent at `began`, answered at
+    /// `ended`), and records its latency if it fell inside `clock`'s
+    /// measured window.
+    fn record(
+        &mut self,
+        response: &Response<Bytes>,
+        expect: &Expect,
+        (began, ended): (Instant, Instant),
+        clock: &Clock,
+    ) {
+        self.total += 1;
+        if !expect.accepts(response.status(), response.headers()) {
+            self.unexpected += 1;
+            let replay = response.headers().contains_key(expect.replay_header());
+            let status = format!(
+                "{}{}",
+                response.status().as_u16(),
+                if replay { "+r" } else { "" }
+            );
+            *self.unexpected_by.entry(status).or_default() += 1;
+        }
+        if began >= clock.measure_from && ended <= clock.deadline {
+            self.requests += 1;
+            let micros = u64::try_from((ended - began).as_micros()).unwrap_or(u64::MAX);
+            self.latency.saturating_record(micros.max(1));
+            self.last_measured = ended;
+        }
+    }
+}
+
+/// Connection `index`: sends `spec`'s requests one at a time, on a
+/// keep-alive connection reopened after an error, until `clock`'s deadline
+/// or the shared request budget runs out.
 async fn connection(
     addr: SocketAddr,
     index: usize,
     spec: ConnSpec,
     expect: Arc<Expect>,
     budget: Arc<AtomicU64>,
-    clock: Clock,
+    mut clock: Clock,
 ) -> ConnResult {
-    let Clock {
-        mut pace,
-        measure_from,
-        deadline,
-    } = clock;
     let mut result = ConnResult {
         requests: 0,
         total: 0,
@@ -317,12 +357,12 @@ async fn connection(
         unexpected_by: BTreeMap::new(),
         errors: 0,
         latency: histogram(),
-        last_measured: measure_from,
+        last_measured: clock.measure_from,
     };
     let mut sender = None;
     let mut seq: u64 = 0;
-    while Instant::now() < deadline {
-        if let Some(pace) = &mut pace {
+    while Instant::now() < clock.deadline {
+        if let Some(pace) = &mut clock.pace {
             pace.tick().await;
         }
         if budget
@@ -343,33 +383,16 @@ async fn connection(
             },
         };
         seq += 1;
-        let key = match &spec.keys {
-            Keys::Unique(prefix) => HeaderValue::try_from(format!("{prefix}-{index}-{seq}"))
-                .expect("a visible-ASCII key"),
-            Keys::Fixed(key) => key.clone(),
-        };
-        let request = order_request(key, spec.cookie.as_ref(), spec.bodies.body(index, seq));
+        let request = order_request(
+            spec.keys.key(index, seq),
+            spec.cookie.as_ref(),
+            spec.bodies.body(index, seq),
+        );
         let began = Instant::now();
         match exchange(conn, request).await {
             Ok(response) => {
                 let ended = Instant::now();
-                result.total += 1;
-                if !expect.accepts(response.status(), response.headers()) {
-                    result.unexpected += 1;
-                    let replay = response.headers().contains_key(expect.replay_header());
-                    let status = format!(
-                        "{}{}",
-                        response.status().as_u16(),
-                        if replay { "+r" } else { "" }
-                    );
-                    *result.unexpected_by.entry(status).or_default() += 1;
-                }
-                if began >= measure_from && ended <= deadline {
-                    result.requests += 1;
-                    let micros = u64::try_from((ended - began).as_micros()).unwrap_or(u64::MAX);
-                    result.latency.saturating_record(micros.max(1));
-                    result.last_measured = ended;
-                }
+                result.record(&response, &expect, (began, ended), &clock);
             }
             Err(_) => {
                 result.errors += 1;
@@ -377,74 +400,8 @@ async fn connection(
             }
         }
     }
-    if Instant::now() >= deadline {
-        result.last_measured = deadline;
+    if Instant::now() >= clock.deadline {
+        result.last_measured = clock.deadline;
     }
     result
-}
-
-/// What `copies` simultaneous copies of one request got.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct Burst {
-    pub(crate) created: u64,
-    pub(crate) replayed: u64,
-    pub(crate) conflict: u64,
-    pub(crate) other: u64,
-    pub(crate) errors: u64,
-}
-
-impl Burst {
-    pub(crate) fn add(&mut self, other: &Self) {
-        self.created += other.created;
-        self.replayed += other.replayed;
-        self.conflict += other.conflict;
-        self.other += other.other;
-        self.errors += other.errors;
-    }
-}
-
-/// Sends `copies` copies of one request (`body`) at once, each on a
-/// connection of its own, opened beforehand so that they leave together.
-pub(crate) async fn burst(
-    addr: SocketAddr,
-    copies: usize,
-    key: HeaderValue,
-    cookie: Option<HeaderValue>,
-    body: Bytes,
-    replay_header: HeaderName,
-) -> Burst {
-    let barrier = Arc::new(Barrier::new(copies));
-    let tasks: Vec<_> = (0..copies)
-        .map(|_| {
-            let barrier = Arc::clone(&barrier);
-            let key = key.clone();
-            let cookie = cookie.clone();
-            let body = body.clone();
-            tokio::spawn(async move {
-                let sender = connect(addr).await;
-                barrier.wait().await;
-                let mut sender = sender?;
-                exchange(&mut sender, order_request(key, cookie.as_ref(), body)).await
-            })
-        })
-        .collect();
-    let mut seen = Burst::default();
-    for task in tasks {
-        match task.await.expect("a burst task panicked") {
-            Ok(response) => {
-                let replay = response
-                    .headers()
-                    .get(&replay_header)
-                    .is_some_and(|v| v == "true");
-                match response.status() {
-                    StatusCode::CREATED if replay => seen.replayed += 1,
-                    StatusCode::CREATED => seen.created += 1,
-                    StatusCode::CONFLICT => seen.conflict += 1,
-                    _ => seen.other += 1,
-                }
-            }
-            Err(_) => seen.errors += 1,
-        }
-    }
-    seen
 }

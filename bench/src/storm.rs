@@ -5,6 +5,7 @@
 //! with the duplicates against without them (the baseline, in the same
 //! run).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -16,6 +17,7 @@ use http::StatusCode;
 use idem_tower::sql::sqlx::{self, PgPool, Postgres, postgres::PgPoolOptions};
 use idem_tower::{Idempotency, PgStore, Tx};
 use tokio::runtime::Handle;
+use tokio::task::JoinHandle;
 
 /// One storm's shape.
 #[derive(Debug, Clone, Copy)]
@@ -94,12 +96,39 @@ pub(crate) async fn run(
     Ok([without, with])
 }
 
+/// One storm on a fresh app: the first requests and their duplicates
+/// released at once, the pool's connections in use sampled meanwhile.
 async fn once(
     server_rt: &Handle,
     pg_url: &str,
     nonce: &str,
     shape: Shape,
 ) -> Result<StormRow, String> {
+    let served = serve(server_rt, pg_url, shape).await?;
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = tokio::spawn(peak_in_use(served.pool.clone(), Arc::clone(&sampling)));
+    let tasks = release(served.addr, nonce, shape);
+    let mut row = tally(shape, tasks).await?;
+    sampling.store(false, Ordering::Relaxed);
+    row.peak_connections = sampler.await.map_err(|e| e.to_string())?;
+    row.runs = served.runs.load(Ordering::SeqCst);
+    served.server.abort();
+    served.pool.close().await;
+    Ok(row)
+}
+
+/// A storm's app, serving on the server runtime.
+struct Served {
+    /// Its pool, of `shape.pool` connections.
+    pool: PgPool,
+    /// Handler runs.
+    runs: Arc<AtomicU32>,
+    addr: SocketAddr,
+    server: JoinHandle<std::io::Result<()>>,
+}
+
+/// Serves `charge` behind idem in transactional mode on `127.0.0.1:0`.
+async fn serve(server_rt: &Handle, pg_url: &str, shape: Shape) -> Result<Served, String> {
     let pool = PgPoolOptions::new()
         .max_connections(shape.pool)
         .acquire_timeout(Duration::from_secs(30))
@@ -129,33 +158,42 @@ async fn once(
         .map_err(|e| e.to_string())?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let server = server_rt.spawn(async move { axum::serve(listener, app).await });
+    Ok(Served {
+        pool,
+        runs,
+        addr,
+        server,
+    })
+}
 
-    let sampling = Arc::new(AtomicBool::new(true));
-    let sampler = {
-        let (pool, sampling) = (pool.clone(), Arc::clone(&sampling));
-        tokio::spawn(async move {
-            let mut peak = 0;
-            while sampling.load(Ordering::Relaxed) {
-                let in_use = pool.size().saturating_sub(pool.num_idle() as u32);
-                peak = peak.max(in_use);
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-            peak
-        })
-    };
+/// The most connections of `pool` in use at once, sampled every 2 ms
+/// while `sampling` holds.
+async fn peak_in_use(pool: PgPool, sampling: Arc<AtomicBool>) -> u32 {
+    let mut peak = 0;
+    while sampling.load(Ordering::Relaxed) {
+        let in_use = pool.size().saturating_sub(pool.num_idle() as u32);
+        peak = peak.max(in_use);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    peak
+}
 
+/// One request's answer: whether it carried the duplicated key, its status
+/// and whether it was marked as a replay (or the error), and when it came.
+type Answer = (bool, Result<(StatusCode, bool), String>, Duration);
+
+/// Sends the first request with the duplicated key and its duplicates
+/// (none in the baseline), then the distinct keys, all released at once.
+fn release(addr: SocketAddr, nonce: &str, shape: Shape) -> Vec<JoinHandle<Answer>> {
     let client = reqwest::Client::new();
     let url = format!("http://{addr}/charges");
     let dup_key = format!("{nonce}-dup");
-    // The first request with the duplicated key and its duplicates (none in
-    // the baseline), then the distinct keys, all released at once.
     let keys: Vec<(bool, String)> = std::iter::repeat_n((true, dup_key), shape.duplicates + 1)
         .chain((0..shape.keys).map(|i| (false, format!("{nonce}-k{i}"))))
         .collect();
     let start = Instant::now();
     let barrier = Arc::new(tokio::sync::Barrier::new(keys.len()));
-    let tasks: Vec<_> = keys
-        .into_iter()
+    keys.into_iter()
         .map(|(duplicated, key)| {
             let (client, url, barrier) = (client.clone(), url.clone(), Arc::clone(&barrier));
             tokio::spawn(async move {
@@ -171,7 +209,12 @@ async fn once(
                 (duplicated, status, start.elapsed())
             })
         })
-        .collect();
+        .collect()
+}
+
+/// Waits for every answer and counts them into a row (without the peak
+/// connections and handler runs, known once the storm is over).
+async fn tally(shape: Shape, tasks: Vec<JoinHandle<Answer>>) -> Result<StormRow, String> {
     let mut row = StormRow {
         shape,
         peak_connections: 0,
@@ -203,11 +246,6 @@ async fn once(
             _ => row.errors += 1,
         }
     }
-    sampling.store(false, Ordering::Relaxed);
-    row.peak_connections = sampler.await.map_err(|e| e.to_string())?;
-    row.runs = runs.load(Ordering::SeqCst);
-    server.abort();
-    pool.close().await;
     Ok(row)
 }
 
