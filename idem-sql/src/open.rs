@@ -13,8 +13,13 @@
 //! could be held by a claim waiting for another one.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+#[cfg(not(idem_loom))]
+use std::sync::Mutex;
 use std::time::Duration;
+
+#[cfg(idem_loom)]
+use loom::sync::Mutex;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
@@ -128,7 +133,70 @@ impl Drop for OpenKey {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, idem_loom))]
+mod loom_checks {
+    //! The table of open keys under loom (`.ci/loom`): every interleaving
+    //! of requests marking one key, on this module's code with loom's mutex.
+    //! Properties: a key is marked by at most one request of the process at
+    //! a time; every other request gets its check to wait on; a mark let go
+    //! leaves nothing behind, so the next request marks the key again.
+
+    use loom::sync::atomic::{AtomicUsize, Ordering};
+    use loom::thread;
+
+    use super::*;
+
+    #[test]
+    fn one_request_of_the_process_marks_a_key_at_a_time() {
+        loom::model(|| {
+            let claims = Arc::new(OpenClaims::new(4));
+            let holding = Arc::new(AtomicUsize::new(0));
+            let requests: Vec<_> = (0..3)
+                .map(|_| {
+                    let (claims, holding) = (Arc::clone(&claims), Arc::clone(&holding));
+                    thread::spawn(move || match claims.mark([7; 32]) {
+                        Marked::Mine(key) => {
+                            let before = holding.fetch_add(1, Ordering::SeqCst);
+                            assert_eq!(before, 0, "two requests marked the key at once");
+                            holding.fetch_sub(1, Ordering::SeqCst);
+                            drop(key);
+                        }
+                        Marked::Theirs(check) => {
+                            // The marking request's check, or its end.
+                            let _ = check.has_changed();
+                        }
+                    })
+                })
+                .collect();
+            for request in requests {
+                request.join().unwrap();
+            }
+            let keys = claims.keys.lock().unwrap();
+            assert!(keys.is_empty(), "a mark outlived its request");
+        });
+    }
+
+    #[test]
+    fn a_mark_let_go_is_taken_again() {
+        loom::model(|| {
+            let claims = Arc::new(OpenClaims::new(4));
+            let Marked::Mine(first) = claims.mark([7; 32]) else {
+                panic!("a fresh key is ours");
+            };
+            let next = {
+                let claims = Arc::clone(&claims);
+                thread::spawn(move || matches!(claims.mark([7; 32]), Marked::Mine(_)))
+            };
+            drop(first);
+            let took_it = next.join().unwrap();
+            // Before the drop it is theirs; after, it is the next request's.
+            let again = matches!(claims.mark([7; 32]), Marked::Mine(_));
+            assert!(again, "every mark was let go (took it: {took_it})");
+        });
+    }
+}
+
+#[cfg(all(test, not(idem_loom)))]
 mod tests {
     use super::*;
 

@@ -22,10 +22,14 @@
 //! and when memory runs short, the completed records nearest to their expiry
 //! go first.
 
+#[cfg(idem_loom)]
+use ::loom::sync::{Mutex, MutexGuard};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+#[cfg(not(idem_loom))]
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use hashbrown::HashTable;
@@ -411,10 +415,13 @@ impl IdempotencyStore for MemoryStore {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(idem_loom)))]
 mod tests;
 
-#[cfg(all(test, feature = "test-util"))]
+#[cfg(all(test, idem_loom))]
+mod interleavings;
+
+#[cfg(all(test, feature = "test-util", not(idem_loom)))]
 mod conformance {
     crate::store_conformance_tests!(async { Some(super::MemoryStore::new()) });
 }

@@ -5,8 +5,12 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+#[cfg(not(idem_loom))]
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll};
+
+#[cfg(idem_loom)]
+use loom::sync::atomic::{AtomicU8, Ordering};
 
 use idem_core::BoxFuture;
 
@@ -64,7 +68,7 @@ impl<T: Send + 'static> Drop for ResponseFuture<T> {
         let Some(attempt) = self.inner.take() else {
             return;
         };
-        if self.flags.0.fetch_or(GONE, Ordering::AcqRel) & MUST_FINISH == 0 {
+        if !self.flags.abandon() {
             return;
         }
         match tokio::runtime::Handle::try_current() {
@@ -111,5 +115,83 @@ impl MustFinish {
     /// the attempt goes on on a task of its own.
     pub(crate) fn client_gone(&self) -> bool {
         self.0.load(Ordering::Acquire) & GONE != 0
+    }
+
+    /// The response future is dropped: marks the client gone, and tells
+    /// whether the attempt must still be finished (its claim was sent).
+    fn abandon(&self) -> bool {
+        self.0.fetch_or(GONE, Ordering::AcqRel) & MUST_FINISH != 0
+    }
+}
+
+#[cfg(all(test, idem_loom))]
+mod loom_checks {
+    //! The cancellation flags under loom (`.ci/loom`): every interleaving of
+    //! an attempt and the drop of its response future, on [`MustFinish`]
+    //! with loom's atomics. A poll and the drop never run at once (the drop
+    //! needs the future a poll borrows): a mutex stands for that. A dropped
+    //! future is never polled again, unless it must finish: then it runs on
+    //! a task, out of the request's hands. Property: a claim that was sent
+    //! is always settled (the handler's outcome kept, or the key let go
+    //! because its client is gone), never abandoned while held.
+
+    use loom::sync::Mutex;
+    use loom::thread;
+
+    use super::*;
+
+    /// What became of the attempt, as the request and the attempt see it.
+    #[derive(Default)]
+    struct Attempt {
+        dropped: bool,
+        handed_over: bool,
+        claim_sent: bool,
+        settled: Option<&'static str>,
+    }
+
+    #[test]
+    fn a_sent_claim_is_always_settled_whenever_its_request_is_dropped() {
+        loom::model(|| {
+            let flags = MustFinish(Arc::new(AtomicU8::new(0)));
+            let attempt = Arc::new(Mutex::new(Attempt::default()));
+            let run = {
+                let (flags, attempt) = (flags.clone(), Arc::clone(&attempt));
+                thread::spawn(move || {
+                    // One poll: the flag set as the claim is sent.
+                    {
+                        let mut a = attempt.lock().unwrap();
+                        if a.dropped {
+                            return; // dropped before: nothing was sent
+                        }
+                        flags.set();
+                        a.claim_sent = true;
+                    }
+                    // The next poll, or the task it was handed to: the
+                    // claim has landed; a client gone lets it go at once.
+                    let mut a = attempt.lock().unwrap();
+                    if a.dropped && !a.handed_over {
+                        return; // cut off mid-attempt: what must not happen
+                    }
+                    a.settled = Some(if flags.client_gone() {
+                        "released"
+                    } else {
+                        "completed"
+                    });
+                })
+            };
+            {
+                let mut a = attempt.lock().unwrap();
+                a.dropped = true;
+                a.handed_over = flags.abandon();
+            }
+            run.join().unwrap();
+            let a = attempt.lock().unwrap();
+            if a.claim_sent {
+                assert!(a.settled.is_some(), "a sent claim was abandoned");
+            }
+            if a.settled == Some("released") {
+                assert!(a.dropped && a.handed_over, "let go with its client there");
+            }
+        });
     }
 }
