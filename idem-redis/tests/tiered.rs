@@ -109,6 +109,47 @@ async fn sql_catches_what_redis_lost_and_rewarms_the_gate() {
     assert_eq!(rewarmed.fallback_caught, caught.fallback_caught);
 }
 
+/// Found by the model checker (`verify/`): the first request committed, its
+/// gate record is gone (expired before the gate's completion, evicted, lost
+/// in a failover), and a request reusing the key with another body claimed
+/// the gate meanwhile. The first's retry must be replayed from SQL, not
+/// refused by the gate's record of a request SQL will refuse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_retry_of_a_committed_request_is_replayed_while_another_body_holds_the_gate() {
+    let url = redis_url();
+    let Some(gate_store) = gate(&url).await else {
+        return;
+    };
+    let Some(truth) = truth().await else { return };
+    let store = TieredStore::new(gate_store.clone(), truth);
+    let key = key("gate-mismatch");
+    let outcome = first_then_complete(&store, &key).await;
+
+    let mut redis = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(key.as_str())
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let other = Fingerprint::from_bytes([9; 32]);
+    let intruder = OwnerToken::generate();
+    assert_eq!(
+        gate_store
+            .claim(&key, &other, LONG, intruder)
+            .await
+            .unwrap(),
+        Claim::Acquired(intruder),
+        "the other body holds the gate"
+    );
+
+    let retry = store.claim(&key, &FP, LONG, OwnerToken::generate()).await;
+    assert_eq!(retry.unwrap(), Claim::Replay(outcome), "SQL's answer");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_in_process_cache_answers_without_a_network_trip() {
     let Some(gate) = gate(&redis_url()).await else {

@@ -95,7 +95,8 @@ enum GateStep {
     Answered(Duplicate),
     /// The gate claimed the key for us: SQL decides.
     Held,
-    /// The gate was not usable: SQL alone decides.
+    /// The gate was not usable, or its answer is not to be trusted (a
+    /// mismatch): SQL alone decides.
     Skipped,
 }
 
@@ -206,6 +207,16 @@ where
                 let Err(duplicate) = claim.acquired() else {
                     return GateStep::Held;
                 };
+                // The gate's record has another fingerprint. It may be an
+                // attempt the truth refuses or rolled back (a key reused with
+                // another body claims the gate when the first's gate record
+                // is gone: expired, evicted, lost in a failover), so the
+                // truth decides: a retry of a request it committed is
+                // replayed, never refused. A reused key is rare; this costs
+                // it one SQL round trip.
+                if duplicate == Duplicate::Mismatch {
+                    return GateStep::Skipped;
+                }
                 TierCounters::bump(
                     &counters.answered_by_gate,
                     "idem_tier_answered_by_gate_total",
