@@ -1,0 +1,361 @@
+//! An attempt's way through an instance, one atomic step at a time, as the
+//! layer (`idem-tower/src/layer/claim.rs`, `lease.rs`, `settle.rs`) drives
+//! the tiered store (`idem-redis/src/tiered/`) over the SQL store:
+//!
+//! ```text
+//! gate SET NX ─held, or Redis failed─> SQL claim ─acquired─> handler ─> complete or commit ─> gate complete ─> answer
+//!  │                                      └─duplicate─> the gate follows SQL ─> answer
+//!  ├─replay, 422 (and 409 in plain mode)─> answer
+//!  └─in flight (transactional)─> SQL claim ─acquired─> the gate taken over ─> handler ...
+//!                                    └─duplicate─> the gate re-warmed (a replay) ─> answer
+//! ```
+//!
+//! and the faults that cut into it: a Redis command failing, a handler
+//! failing, a crash.
+
+use crate::bugs::Bug;
+use crate::config::{IdemModel, Mode};
+use crate::properties;
+use crate::state::{
+    Attempt, Duplicate, Gate, GateWrite, Record, Reply, Response, State, Step, Then, bit,
+};
+use crate::stores;
+
+impl IdemModel {
+    /// The response `attempt`'s handler produces.
+    fn response(&self, attempt: Attempt) -> Response {
+        let client = self.clients[usize::from(attempt.client)];
+        Response {
+            key: client.key,
+            fingerprint: client.fingerprint,
+            token: attempt.token,
+        }
+    }
+
+    /// Takes the next step of the attempt instance `i` serves.
+    pub(crate) fn step(&self, state: &mut State, i: usize) {
+        let attempt = state.instances[i].expect("an attempt to step");
+        let client = self.clients[usize::from(attempt.client)];
+        let (k, fingerprint, token) = (usize::from(client.key), client.fingerprint, attempt.token);
+        let (now, lease, bug) = (state.now, self.lease, self.bug);
+        let response = self.response(attempt);
+        let next = match attempt.step {
+            Step::GateClaim => {
+                let found =
+                    stores::gate_claim(&mut state.keys[k].gate, now, lease, token, fingerprint);
+                match found.map(|record| stores::answer(record, fingerprint)) {
+                    None => Step::SqlClaim(Gate::Held),
+                    // A transactional claim lives as long as its transaction,
+                    // which Redis cannot see: SQL is asked.
+                    Some(Duplicate::InFlight)
+                        if self.mode == Mode::Transactional
+                            && bug != Bug::GateTrustedWithoutSqlOnTxClaim =>
+                    {
+                        Step::SqlClaim(Gate::PastInFlight)
+                    }
+                    // The gate's record of another fingerprint may be an
+                    // attempt SQL refuses or rolled back: SQL decides.
+                    Some(Duplicate::Mismatch) if bug != Bug::GateTrustsMismatch => {
+                        Step::SqlClaim(Gate::Skipped)
+                    }
+                    Some(duplicate) => self.turn_away(state, k, fingerprint, duplicate),
+                }
+            }
+            Step::SqlClaim(gate) => self.sql_claim(state, attempt, gate),
+            Step::GateWrite(write, then) => {
+                let slot = &mut state.keys[k].gate;
+                match write {
+                    GateWrite::Complete(response) => {
+                        stores::complete(slot, token, response, bug);
+                    }
+                    GateWrite::Release => {
+                        stores::release(slot, token, bug);
+                    }
+                    GateWrite::PutCompleted(response) => {
+                        *slot = Some(Record::Completed {
+                            fingerprint,
+                            response,
+                        });
+                    }
+                    GateWrite::PutInFlight => {
+                        *slot = Some(Record::InFlight {
+                            owner: token,
+                            fingerprint,
+                            expires: now + lease,
+                        });
+                    }
+                }
+                then.step()
+            }
+            Step::Handler => {
+                if self.mode == Mode::Plain {
+                    state.ghost.effects[k] += 1;
+                }
+                Step::Complete
+            }
+            Step::Complete => match self.mode {
+                Mode::Plain => {
+                    if stores::complete(&mut state.keys[k].sql, token, response, bug) {
+                        state.ghost.committed |= bit(token);
+                        Step::GateWrite(GateWrite::Complete(response), self.after_commit(response))
+                    } else {
+                        // The lease ran out and the row was taken over: the
+                        // outcome is not stored, the tiered store leaves the
+                        // gate alone, and the client still gets its response
+                        // (`lease::complete`).
+                        Step::Answer(Reply::First(response))
+                    }
+                }
+                Mode::Transactional => {
+                    let key = &mut state.keys[k];
+                    debug_assert_eq!(key.tx, Some(token), "a transaction holds its key");
+                    key.tx = None;
+                    if stores::commit(&mut key.sql, now, fingerprint, response) {
+                        state.ghost.effects[k] += 1;
+                        state.ghost.committed |= bit(token);
+                        Step::GateWrite(GateWrite::Complete(response), self.after_commit(response))
+                    } else {
+                        // Nothing committed, the effect included: 503.
+                        Step::Answer(Reply::Failed)
+                    }
+                }
+            },
+            Step::SqlRelease(then) => {
+                if stores::release(&mut state.keys[k].sql, token, bug) {
+                    Step::GateWrite(GateWrite::Release, Then::Answer(then))
+                } else {
+                    // `LeaseLost`: the tiered store stops there, the gate
+                    // untouched.
+                    Step::Answer(then)
+                }
+            }
+            Step::Rollback => {
+                state.keys[k].tx = None;
+                Step::GateWrite(GateWrite::Release, Then::Answer(Reply::Failed))
+            }
+            Step::Answer(reply) => {
+                state.clients[usize::from(attempt.client)].deliver(reply);
+                state.instances[i] = None;
+                return;
+            }
+        };
+        state.instances[i] = Some(Attempt {
+            step: next,
+            ..attempt
+        });
+    }
+
+    /// The SQL claim: plain (an upsert fenced by the lease), or in a new
+    /// transaction (the key's lock, tried without waiting, then a read).
+    fn sql_claim(&self, state: &mut State, attempt: Attempt, gate: Gate) -> Step {
+        let client = self.clients[usize::from(attempt.client)];
+        let (k, fingerprint, token) = (usize::from(client.key), client.fingerprint, attempt.token);
+        let (now, lease, bug) = (state.now, self.lease, self.bug);
+        let claimed = match self.mode {
+            Mode::Plain => {
+                stores::sql_claim(&mut state.keys[k].sql, now, lease, token, fingerprint, bug)
+                    .map(|replaced| replaced.and_then(Record::owner))
+            }
+            Mode::Transactional => {
+                let key = &mut state.keys[k];
+                if key.tx.is_some() {
+                    // Another transaction holds the key's lock.
+                    Err(Duplicate::InFlight)
+                } else if let Some(duplicate) = stores::sql_read(key.sql, now, fingerprint, bug) {
+                    Err(duplicate)
+                } else {
+                    key.tx = Some(token);
+                    // The gate's record, for an orphan taken over past it.
+                    Ok(key
+                        .gate
+                        .and_then(Record::owner)
+                        .filter(|_| gate == Gate::PastInFlight))
+                }
+            }
+        };
+        match claimed {
+            Ok(previous) => {
+                if previous.is_some_and(|owner| state.dead(owner)) {
+                    state.ghost.orphan_taken = true;
+                }
+                if gate == Gate::PastInFlight {
+                    Step::GateWrite(GateWrite::PutInFlight, Then::Handler)
+                } else {
+                    Step::Handler
+                }
+            }
+            Err(duplicate) => {
+                let lost = state.ghost.lost & (1 << k) != 0;
+                match (gate, duplicate) {
+                    (Gate::Held, Duplicate::Replay(response)) => {
+                        state.ghost.caught |= lost;
+                        Step::GateWrite(
+                            GateWrite::Complete(response),
+                            Then::Answer(Reply::Replay(response)),
+                        )
+                    }
+                    (Gate::Held, _) => {
+                        self.note_turned_away(state, k, fingerprint, duplicate);
+                        Step::GateWrite(GateWrite::Release, Then::Answer(duplicate.into()))
+                    }
+                    (Gate::PastInFlight, Duplicate::Replay(response)) => Step::GateWrite(
+                        GateWrite::PutCompleted(response),
+                        Then::Answer(Reply::Replay(response)),
+                    ),
+                    (Gate::PastInFlight | Gate::Skipped, _) => {
+                        self.turn_away(state, k, fingerprint, duplicate)
+                    }
+                }
+            }
+        }
+    }
+
+    /// The answer to a duplicate of a request with `fingerprint`, noted.
+    fn turn_away(
+        &self,
+        state: &mut State,
+        k: usize,
+        fingerprint: u8,
+        duplicate: Duplicate,
+    ) -> Step {
+        self.note_turned_away(state, k, fingerprint, duplicate);
+        Step::Answer(duplicate.into())
+    }
+
+    /// Notes an "in flight" answer given while nothing live holds the key
+    /// (property 4), and a 422 given to a request whose response SQL has
+    /// committed (property 5).
+    fn note_turned_away(&self, state: &mut State, k: usize, fingerprint: u8, duplicate: Duplicate) {
+        if duplicate == Duplicate::InFlight && !properties::held_by_the_living(self, state, k) {
+            state.ghost.stuck = true;
+        }
+        let committed = matches!(
+            state.keys[k].sql,
+            Some(Record::Completed { fingerprint: f, .. }) if f == fingerprint
+        );
+        if duplicate == Duplicate::Mismatch && committed {
+            state.ghost.refused_committed = true;
+        }
+    }
+
+    /// What follows the gate's completion after a commit.
+    fn after_commit(&self, response: Response) -> Then {
+        if self.bug == Bug::ReleaseAfterCommit {
+            Then::SqlRelease(Reply::First(response))
+        } else {
+            Then::Answer(Reply::First(response))
+        }
+    }
+
+    /// The Redis command of instance `i`'s step fails (an error, a timeout,
+    /// the breaker open): the gate is skipped. A `SET NX` that failed may
+    /// have run all the same (`landed`), leaving our record in the gate
+    /// unknown to us.
+    pub(crate) fn gate_error(&self, state: &mut State, i: usize, landed: bool) {
+        let attempt = state.instances[i].expect("an attempt to fail");
+        state.used.redis_errors += 1;
+        let next = match attempt.step {
+            Step::GateClaim => {
+                if landed {
+                    let client = self.clients[usize::from(attempt.client)];
+                    let slot = &mut state.keys[usize::from(client.key)].gate;
+                    stores::gate_claim(
+                        slot,
+                        state.now,
+                        self.lease,
+                        attempt.token,
+                        client.fingerprint,
+                    );
+                }
+                Step::SqlClaim(Gate::Skipped)
+            }
+            Step::GateWrite(_, then) => then.step(),
+            step => unreachable!("no Redis command at {step:?}"),
+        };
+        state.instances[i] = Some(Attempt {
+            step: next,
+            ..attempt
+        });
+    }
+
+    /// The handler of instance `i`'s attempt fails, with no effect: the
+    /// claim is let go (plain: released; transactional: rolled back).
+    pub(crate) fn handler_fails(&self, state: &mut State, i: usize) {
+        let attempt = state.instances[i].expect("an attempt to fail");
+        state.used.handler_failures += 1;
+        let next = match self.mode {
+            Mode::Plain => Step::SqlRelease(Reply::Failed),
+            Mode::Transactional => Step::Rollback,
+        };
+        state.instances[i] = Some(Attempt {
+            step: next,
+            ..attempt
+        });
+    }
+
+    /// The lease heartbeat of instance `i`'s plain claim while its handler
+    /// runs: renewed in SQL, whose answer decides, then in the gate.
+    pub(crate) fn renew(&self, state: &mut State, i: usize) {
+        let attempt = state.instances[i].expect("an attempt to renew");
+        let key = &mut state.keys[usize::from(self.clients[usize::from(attempt.client)].key)];
+        if stores::renew(&mut key.sql, attempt.token, state.now, self.lease) {
+            stores::renew(&mut key.gate, attempt.token, state.now, self.lease);
+        }
+    }
+
+    /// Instance `i` crashes and restarts with nothing in memory: its
+    /// transaction ends with its database session (rolled back, effect
+    /// included), its plain claim stays until its lease runs out, and its
+    /// gate record until Redis expires it.
+    pub(crate) fn crash(&self, state: &mut State, i: usize) {
+        let attempt = state.instances[i].take().expect("an attempt to crash");
+        let k = usize::from(self.clients[usize::from(attempt.client)].key);
+        state.used.crashes += 1;
+        state.ghost.dead |= bit(attempt.token);
+        match self.mode {
+            Mode::Transactional => {
+                if state.keys[k].tx == Some(attempt.token) {
+                    state.keys[k].tx = None;
+                }
+            }
+            Mode::Plain => {
+                if attempt.step == Step::Complete {
+                    state.ghost.abandoned |= 1 << k;
+                }
+            }
+        }
+    }
+
+    /// Whether the clock's next tick would pass the lease of a live plain
+    /// claim (a stall): `None` if not, else the keys (bit per key) of those
+    /// whose handler runs or whose completion is pending, so whose effect
+    /// may be made twice.
+    pub(crate) fn overrun(&self, state: &State) -> Option<u8> {
+        let next = state.now + 1;
+        let mut overrun = None;
+        for attempt in state.instances.iter().flatten() {
+            let k = usize::from(self.clients[usize::from(attempt.client)].key);
+            let held = state.keys[k]
+                .sql
+                .is_some_and(|row| row.owner() == Some(attempt.token) && !row.live(next));
+            if held {
+                let keys = overrun.get_or_insert(0);
+                if matches!(attempt.step, Step::Handler | Step::Complete) {
+                    *keys |= 1 << k;
+                }
+            }
+        }
+        overrun
+    }
+}
+
+impl Then {
+    /// The step this continuation is.
+    fn step(self) -> Step {
+        match self {
+            Self::Handler => Step::Handler,
+            Self::Answer(reply) => Step::Answer(reply),
+            Self::SqlRelease(reply) => Step::SqlRelease(reply),
+        }
+    }
+}
