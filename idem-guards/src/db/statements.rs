@@ -4,7 +4,7 @@
 use idem_sql::sqlx;
 
 /// The statements the SQL guards run, written once and expanded in each
-/// database's `impl Dialect` with its concrete connection type (no
+/// database's `impl GuardDb` with its concrete connection type (no
 /// higher-ranked bounds over `sqlx::Executor`).
 macro_rules! guard_statements {
     ($conn:ty) => {

@@ -237,7 +237,7 @@ fn classify_grpc(headers: &HeaderMap) -> Verdict {
 /// `grpc-retry-pushback-ms` as a wait. `None` if absent or unreadable
 /// (gRPC's negative pushback, "do not retry", included).
 fn pushback(headers: &HeaderMap) -> Option<Duration> {
-    let millis = headers.get("grpc-retry-pushback-ms")?.to_str().ok()?;
+    let millis = headers.get(grpc::PUSHBACK)?.to_str().ok()?;
     millis.trim().parse().ok().map(Duration::from_millis)
 }
 

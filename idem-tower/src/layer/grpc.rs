@@ -27,6 +27,11 @@ const GRPC_MESSAGE: &AsciiSet = &CONTROLS.add(b'%');
 /// not the handler's outcome: the key is released.
 const FINAL_CODES: [u32; 6] = [0, 3, 5, 6, 9, 11];
 
+/// The header of a gRPC status that says when to retry, in milliseconds:
+/// the layer writes it on its in-flight and unavailable answers, the client
+/// waits for it.
+pub(crate) const PUSHBACK: &str = "grpc-retry-pushback-ms";
+
 /// `UNAVAILABLE`: transient, retry.
 pub(crate) const UNAVAILABLE: u32 = 14;
 /// `ABORTED`: idem's answer while the first call with the key runs.
@@ -83,7 +88,7 @@ pub(super) fn trailers_only<B: Body>(
     }
     if let Some(retry_after) = retry_after {
         let millis = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX);
-        headers.insert("grpc-retry-pushback-ms", HeaderValue::from(millis));
+        headers.insert(PUSHBACK, HeaderValue::from(millis));
     }
     status
 }
