@@ -39,22 +39,24 @@
 //!   outside the pool and kept from batch to batch: a batch never queues
 //!   for a connection behind the pool's readers, nor holds one of theirs
 //!   while it waits for its turn.
+//!
+//! The queue, the runner's hand-off and `Delivery` are in `batch/queue.rs`,
+//! with nothing of the database, so that loom checks them (`.ci/loom`).
 
-use std::mem;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::oneshot;
 
 use sqlx::Connection;
 
 use super::writer::Turn;
 use super::{Dialect, SqlStore, unavailable};
-use idem_core::{Claim, Error, ErrorKind, Fingerprint, IdempotencyKey, OwnerToken};
+use idem_core::{Claim, Error, Fingerprint, IdempotencyKey, OwnerToken};
 
-/// At most this many writes in one batch; the rest wait for the next.
-const MAX_BATCH: usize = 256;
+mod queue;
+
+use queue::{Batch, Queue, Queued, Releases};
 
 /// One plain write of the store, with what it needs to run later.
 #[doc(hidden)]
@@ -112,90 +114,19 @@ impl Written {
     }
 }
 
-type Answer<DB> = oneshot::Sender<Delivery<DB>>;
-
-/// A write's answer on its way to its caller. A claim acquired for a
-/// caller that never reads it (gone before it was sent, or after, with the
-/// answer unread in the channel) is released when the answer is dropped, so
-/// no key is held for nobody.
-struct Delivery<DB: Dialect> {
-    written: Result<Written, Error>,
-    /// The store and the key of a claim, to release it if unread.
-    claim: Option<(SqlStore<DB>, [u8; 32])>,
-}
-
-impl<DB: Dialect> Delivery<DB> {
-    /// The answer, read: nothing is released any more.
-    fn read(mut self) -> Result<Written, Error> {
-        self.claim = None;
-        // What is left behind is dropped unread, and releases nothing.
-        mem::replace(
-            &mut self.written,
-            Err(Error::from_kind(ErrorKind::Unavailable)),
-        )
-    }
-}
-
-impl<DB: Dialect> Drop for Delivery<DB> {
-    fn drop(&mut self) {
-        if let Some((store, key_hash)) = self.claim.take()
-            && let Ok(Written::Claim(Claim::Acquired(owner))) = self.written
-        {
-            let release = Queued {
-                write: Write::Release { key_hash, owner },
-                answer: None,
-            };
-            store.queue(release, tokio::runtime::Handle::try_current().ok());
-        }
-    }
-}
-
-/// A write waiting for its batch, and where its answer goes (`None`: a
-/// release queued for a claim nobody read, which nobody waits for).
-struct Queued<DB: Dialect> {
-    write: Write,
-    answer: Option<Answer<DB>>,
-}
-
-impl<DB: Dialect> Queued<DB> {
-    /// Whether the write's caller stopped waiting for it.
-    fn abandoned(&self) -> bool {
-        self.answer.as_ref().is_some_and(Answer::is_closed)
-    }
-}
-
 /// The writes waiting for the next batch, whether a task runs them, and
 /// the connection the batches run on between runners.
 pub(super) struct Batches<DB: Dialect> {
-    state: Mutex<State<DB>>,
+    queue: Queue<SqlStore<DB>>,
     connection: Mutex<Option<DB::Connection>>,
-}
-
-struct State<DB: Dialect> {
-    queue: Vec<Queued<DB>>,
-    running: bool,
-}
-
-impl<DB: Dialect> Default for State<DB> {
-    fn default() -> Self {
-        Self {
-            queue: Vec::new(),
-            running: false,
-        }
-    }
 }
 
 impl<DB: Dialect> Batches<DB> {
     pub(super) fn new() -> Self {
         Self {
-            state: Mutex::default(),
+            queue: Queue::new(),
             connection: Mutex::new(None),
         }
-    }
-
-    fn state(&self) -> MutexGuard<'_, State<DB>> {
-        // Nothing is left half-done under the lock: a poisoned one is fine.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The batches' connection, if one is kept.
@@ -215,44 +146,16 @@ impl<DB: Dialect> Batches<DB> {
             .unwrap_or_else(PoisonError::into_inner);
         *kept = Some(conn);
     }
+}
 
-    /// Queues `queued`; `true` if no task runs the batches and the caller
-    /// must start one.
-    fn push(&self, queued: Queued<DB>) -> bool {
-        let mut state = self.state();
-        state.queue.push(queued);
-        !mem::replace(&mut state.running, true)
-    }
-
-    /// The next batch; `None`, and no task running any more, if the queue
-    /// is empty.
-    fn next(&self) -> Option<Vec<Queued<DB>>> {
-        let mut state = self.state();
-        if state.queue.is_empty() {
-            state.running = false;
-            return None;
-        }
-        let len = state.queue.len().min(MAX_BATCH);
-        Some(state.queue.drain(..len).collect())
-    }
-
-    /// No runner could be started for what was just queued (no runtime):
-    /// the next write's runner runs it.
-    fn stopped(&self) {
-        self.state().running = false;
-    }
-
-    /// The running task was dropped: the queue's writes go unanswered (their
-    /// callers are told "unavailable") and the next write starts a task.
-    fn abandon(&self) -> Vec<Queued<DB>> {
-        let mut state = self.state();
-        state.running = false;
-        mem::take(&mut state.queue)
+impl<DB: Dialect> Releases for SqlStore<DB> {
+    fn release_unread(&self, release: Queued<Self>) {
+        self.queue(release, tokio::runtime::Handle::try_current().ok());
     }
 }
 
 /// The task that runs the batches; if dropped before the queue is empty,
-/// it hands the queue back (`Batches::abandon`).
+/// it hands the queue back (`Queue::abandon`).
 struct Runner<DB: Dialect> {
     store: SqlStore<DB>,
     finished: bool,
@@ -262,14 +165,14 @@ impl<DB: Dialect> Drop for Runner<DB> {
     fn drop(&mut self) {
         if !self.finished {
             // Dropped here, outside the lock: their callers learn at once.
-            drop(self.store.inner.batches.abandon());
+            drop(self.store.inner.batches.queue.abandon());
         }
     }
 }
 
 impl<DB: Dialect> Runner<DB> {
     async fn run(mut self) {
-        while let Some(batch) = self.store.inner.batches.next() {
+        while let Some(batch) = self.store.inner.batches.queue.next() {
             self.store.commit_batch(batch).await;
         }
         self.finished = true;
@@ -289,11 +192,7 @@ impl<DB: Dialect> SqlStore<DB> {
                 "no tokio runtime to run this SQLite store's writes on",
             ));
         };
-        let (answer, answered) = oneshot::channel();
-        let queued = Queued {
-            write,
-            answer: Some(answer),
-        };
+        let (queued, answered) = Queued::answered(write);
         self.queue(queued, Some(runtime));
         // As long as a write once waited for its turn and its connection.
         let timeout = self.inner.pool.options().get_acquire_timeout();
@@ -310,12 +209,12 @@ impl<DB: Dialect> SqlStore<DB> {
 
     /// Queues `queued` for the next batch, and starts a runner on `runtime`
     /// if none runs (with no runtime, it waits for the next write's).
-    fn queue(&self, queued: Queued<DB>, runtime: Option<tokio::runtime::Handle>) {
-        if !self.inner.batches.push(queued) {
+    fn queue(&self, queued: Queued<Self>, runtime: Option<tokio::runtime::Handle>) {
+        if !self.inner.batches.queue.push(queued) {
             return;
         }
         let Some(runtime) = runtime else {
-            self.inner.batches.stopped();
+            self.inner.batches.queue.stopped();
             return;
         };
         let runner = Runner {
@@ -328,13 +227,12 @@ impl<DB: Dialect> SqlStore<DB> {
 
     /// Runs `batch` on the turn to write, as the dialect runs many writes
     /// at once (`Dialect::run_writes`), and answers each write in it.
-    async fn commit_batch(&self, mut batch: Vec<Queued<DB>>) {
+    async fn commit_batch(&self, mut batch: Batch<Self>) {
         let written = match self.batch_connection().await {
             Ok((_turn, mut conn)) => {
                 // Given up while the batch waited for its turn: skipped.
-                batch.retain(|queued| !queued.abandoned());
-                let writes: Vec<&Write> = batch.iter().map(|queued| &queued.write).collect();
-                let written = DB::run_writes(self, &mut conn, &writes).await;
+                batch.skip_abandoned();
+                let written = DB::run_writes(self, &mut conn, &batch.writes()).await;
                 // A connection that failed a write is closed, not kept.
                 if written.iter().all(Result::is_ok) {
                     self.inner.batches.keep_connection(conn);
@@ -344,23 +242,13 @@ impl<DB: Dialect> SqlStore<DB> {
             Err(failed) => {
                 let failed = Arc::new(failed);
                 batch
+                    .writes()
                     .iter()
                     .map(|_| Err(Error::unavailable(Arc::clone(&failed))))
                     .collect()
             }
         };
-        for (queued, written) in batch.into_iter().zip(written) {
-            let Some(answer) = queued.answer else {
-                continue;
-            };
-            let claim = match queued.write {
-                Write::Claim { key_hash, .. } => Some((self.clone(), key_hash)),
-                _ => None,
-            };
-            // If the caller is gone, the answer comes back and is dropped
-            // here, which releases a claim it acquired (`Delivery`).
-            let _ = answer.send(Delivery { written, claim });
-        }
+        batch.answer(written, self);
     }
 
     /// The turn to write, then the batches' own connection: opened with the
@@ -419,7 +307,7 @@ impl<DB: Dialect> SqlStore<DB> {
                 lease,
                 owner,
             } => Written::Claim(
-                self.claim_on(conn, key, key_hash, fingerprint, *lease, *owner, false)
+                self.claim_on(conn, key, key_hash, fingerprint, *lease, *owner, None)
                     .await?,
             ),
             Write::Complete {

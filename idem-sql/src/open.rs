@@ -31,6 +31,20 @@ pub(crate) struct OpenClaims {
     keys: Mutex<HashMap<[u8; 32], watch::Receiver<Check>>>,
     permits: Arc<Semaphore>,
     max: usize,
+    /// The bug this table is built with, for its loom check to catch.
+    #[cfg(all(test, idem_loom))]
+    bug: Option<Bug>,
+}
+
+/// A known bug seeded into the table under loom, that `loom_checks` must
+/// catch.
+#[cfg(all(test, idem_loom))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bug {
+    /// Marking finds the key unmarked under the lock, lets the lock go,
+    /// and marks it under a second one: two requests that both looked
+    /// before either marked each take the key as theirs.
+    MarksAfterLooking,
 }
 
 /// How the check of a marked key goes, as other requests for the key see
@@ -83,6 +97,8 @@ impl OpenClaims {
             keys: Mutex::new(HashMap::new()),
             permits: Arc::new(Semaphore::new(max)),
             max,
+            #[cfg(all(test, idem_loom))]
+            bug: None,
         }
     }
 
@@ -99,6 +115,11 @@ impl OpenClaims {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(check) = keys.get(&key) {
             return Marked::Theirs(check.clone());
+        }
+        #[cfg(all(test, idem_loom))]
+        if self.bug == Some(Bug::MarksAfterLooking) {
+            drop(keys);
+            keys = self.keys.lock().unwrap();
         }
         let (check, watching) = watch::channel(Check::Running);
         keys.insert(key, watching);
@@ -140,16 +161,22 @@ mod loom_checks {
     //! Properties: a key is marked by at most one request of the process at
     //! a time; every other request gets its check to wait on; a mark let go
     //! leaves nothing behind, so the next request marks the key again.
+    //! A seeded bug shows the first can fail.
+
+    use std::panic::catch_unwind;
 
     use loom::sync::atomic::{AtomicUsize, Ordering};
     use loom::thread;
 
     use super::*;
 
-    #[test]
-    fn one_request_of_the_process_marks_a_key_at_a_time() {
-        loom::model(|| {
-            let claims = Arc::new(OpenClaims::new(4));
+    /// Three requests mark one key, on a table built with `bug`.
+    fn three_requests_mark_one_key(bug: Option<Bug>) {
+        loom::model(move || {
+            let claims = Arc::new(OpenClaims {
+                bug,
+                ..OpenClaims::new(4)
+            });
             let holding = Arc::new(AtomicUsize::new(0));
             let requests: Vec<_> = (0..3)
                 .map(|_| {
@@ -174,6 +201,22 @@ mod loom_checks {
             let keys = claims.keys.lock().unwrap();
             assert!(keys.is_empty(), "a mark outlived its request");
         });
+    }
+
+    #[test]
+    fn one_request_of_the_process_marks_a_key_at_a_time() {
+        three_requests_mark_one_key(None);
+    }
+
+    #[test]
+    fn seeded_bug_a_mark_made_after_looking_is_caught() {
+        let caught = catch_unwind(|| three_requests_mark_one_key(Some(Bug::MarksAfterLooking)));
+        let panic = caught.expect_err("loom missed two marks of one key");
+        let message = panic.downcast_ref::<String>().map_or("", String::as_str);
+        assert!(
+            message.contains("two requests marked the key at once"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! with loom's mutex in place of the standard one. Properties: a key is held
 //! by at most one owner at a time; a completed key is replayed, never run
 //! again; a released key is taken by exactly one of the claims after it.
+//! A seeded bug shows the first can fail.
 
 use ::loom::sync::atomic::{AtomicUsize, Ordering};
 use ::loom::thread;
@@ -51,15 +52,32 @@ fn fp() -> Fingerprint {
     Fingerprint::from_bytes([1; 32])
 }
 
+/// A known bug seeded into the store under loom, that these checks must
+/// catch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Bug {
+    /// A claim finds the key absent under its shard's lock, lets the lock
+    /// go, and adds its record under a second one: two claims that both
+    /// looked before either added each acquire the key.
+    ClaimsAfterLooking,
+}
+
 /// A small store: few shards would do, but the count follows the machine.
 fn store() -> MemoryStore {
     MemoryStore::with_max_bytes(1 << 20)
 }
 
-#[test]
-fn concurrent_claims_of_one_key_have_one_owner() {
-    model(|| {
-        let store = store();
+/// A small store built with `bug`.
+fn store_with(bug: Option<Bug>) -> MemoryStore {
+    let mut store = store();
+    Arc::get_mut(&mut store.inner).expect("not shared yet").bug = bug;
+    store
+}
+
+/// Three claims of one fresh key, on a store built with `bug`.
+fn three_claim_one_key(bug: Option<Bug>) {
+    model(move || {
+        let store = store_with(bug);
         let acquired = Arc::new(AtomicUsize::new(0));
         let claimants: Vec<_> = (0..2)
             .map(|_| {
@@ -85,6 +103,19 @@ fn concurrent_claims_of_one_key_have_one_owner() {
         }
         assert_eq!(acquired.load(Ordering::SeqCst), 1, "one owner of three");
     });
+}
+
+#[test]
+fn concurrent_claims_of_one_key_have_one_owner() {
+    three_claim_one_key(None);
+}
+
+#[test]
+fn seeded_bug_a_claim_that_adds_after_looking_is_caught() {
+    let caught = std::panic::catch_unwind(|| three_claim_one_key(Some(Bug::ClaimsAfterLooking)));
+    let panic = caught.expect_err("loom missed two owners of one key");
+    let message = panic.downcast_ref::<String>().map_or("", String::as_str);
+    assert!(message.contains("one owner of three"), "{message}");
 }
 
 #[test]

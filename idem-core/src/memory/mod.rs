@@ -78,6 +78,9 @@ struct Inner {
     hasher: RandomState,
     /// What one shard may hold, in bytes.
     shard_budget: u64,
+    /// The bug this store is built with, for its loom check to catch.
+    #[cfg(all(test, idem_loom))]
+    bug: Option<interleavings::Bug>,
 }
 
 #[derive(Default)]
@@ -272,6 +275,8 @@ impl MemoryStore {
                 shards,
                 hasher: RandomState::new(),
                 shard_budget: max_bytes / count as u64,
+                #[cfg(all(test, idem_loom))]
+                bug: None,
             }),
         }
     }
@@ -369,6 +374,13 @@ impl IdempotencyStore for MemoryStore {
                     return Ok(Claim::Acquired(owner));
                 }
                 None => {
+                    #[cfg(all(test, idem_loom))]
+                    if self.inner.bug == Some(interleavings::Bug::ClaimsAfterLooking) {
+                        drop(guard);
+                        let (mut again, hash) = self.shard(key);
+                        again.insert(hash, key, claimed());
+                        return Ok(Claim::Acquired(owner));
+                    }
                     shard.insert(hash, key, claimed());
                     return Ok(Claim::Acquired(owner));
                 }

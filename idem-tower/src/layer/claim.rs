@@ -80,6 +80,8 @@ pub(super) async fn claim(
         Tried::Plain(owner) => {
             tracing::debug!("claimed; calling the service");
             let guard = ClaimGuard::new(store.clone(), target.key, owner);
+            #[cfg(all(test, idem_loom))]
+            let guard = guard.with_bug(settings.bug);
             Ok(Claimed::Plain {
                 guard,
                 lease: settings.lease,

@@ -14,6 +14,8 @@ use loom::sync::atomic::{AtomicU8, Ordering};
 
 use idem_core::BoxFuture;
 
+use super::task;
+
 /// The response future of [`IdempotencyService`](super::IdempotencyService).
 ///
 /// Its work (buffer, claim, call, store) takes several awaits on the store,
@@ -38,7 +40,7 @@ impl<T: Send + 'static> ResponseFuture<T> {
     where
         F: Future<Output = T> + Send + 'static,
     {
-        let flags = MustFinish(Arc::new(AtomicU8::new(0)));
+        let flags = MustFinish::new();
         Self {
             inner: Some(Box::pin(attempt(flags.clone()))),
             flags,
@@ -71,18 +73,17 @@ impl<T: Send + 'static> Drop for ResponseFuture<T> {
         if !self.flags.abandon() {
             return;
         }
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                tracing::debug!("request dropped mid-attempt; finishing it on a task");
-                runtime.spawn(async move {
-                    attempt.await;
-                });
-            }
-            // Dropping it here releases the claim through its guard, or rolls
-            // the transaction back: the retry then runs the effect again.
-            Err(_) => tracing::error!(
+        let handed_over = task::spawn(async move {
+            attempt.await;
+        });
+        if handed_over {
+            tracing::debug!("request dropped mid-attempt; finishing it on a task");
+        } else {
+            // Dropped there: its guard releases the claim, or the
+            // transaction rolls back; the retry then runs the effect again.
+            tracing::error!(
                 "no tokio runtime to finish an attempt whose client is gone; its claim is abandoned"
-            ),
+            );
         }
     }
 }
@@ -98,7 +99,23 @@ impl<T: Send + 'static> fmt::Debug for ResponseFuture<T> {
 /// dropped, instead of being cut off (ARCHITECTURE.md, "Records"); and the
 /// attempt can tell that its client is gone.
 #[derive(Clone)]
-pub(crate) struct MustFinish(Arc<AtomicU8>);
+pub(crate) struct MustFinish {
+    flags: Arc<AtomicU8>,
+    /// The bug these flags are built with, for their loom check to catch.
+    #[cfg(all(test, idem_loom))]
+    bug: Option<Bug>,
+}
+
+/// A known bug seeded into the flags under loom, that `loom_checks` must
+/// catch.
+#[cfg(all(test, idem_loom))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bug {
+    /// The drop reads the flags without marking the client gone: an
+    /// attempt handed over while its claim was on its way calls the
+    /// handler for nobody instead of letting the key go at once.
+    GoneNotMarked,
+}
 
 /// The attempt may no longer be cancelled.
 const MUST_FINISH: u8 = 1;
@@ -106,21 +123,34 @@ const MUST_FINISH: u8 = 1;
 const GONE: u8 = 2;
 
 impl MustFinish {
+    /// Flags of an attempt whose claim is not sent yet.
+    fn new() -> Self {
+        Self {
+            flags: Arc::new(AtomicU8::new(0)),
+            #[cfg(all(test, idem_loom))]
+            bug: None,
+        }
+    }
+
     /// The claim is on its way: the attempt may no longer be cancelled.
     pub(crate) fn set(&self) {
-        self.0.fetch_or(MUST_FINISH, Ordering::AcqRel);
+        self.flags.fetch_or(MUST_FINISH, Ordering::AcqRel);
     }
 
     /// Whether the client went away: the response future was dropped, and
     /// the attempt goes on on a task of its own.
     pub(crate) fn client_gone(&self) -> bool {
-        self.0.load(Ordering::Acquire) & GONE != 0
+        self.flags.load(Ordering::Acquire) & GONE != 0
     }
 
     /// The response future is dropped: marks the client gone, and tells
     /// whether the attempt must still be finished (its claim was sent).
     fn abandon(&self) -> bool {
-        self.0.fetch_or(GONE, Ordering::AcqRel) & MUST_FINISH != 0
+        #[cfg(all(test, idem_loom))]
+        if self.bug == Some(Bug::GoneNotMarked) {
+            return self.flags.load(Ordering::Acquire) & MUST_FINISH != 0;
+        }
+        self.flags.fetch_or(GONE, Ordering::AcqRel) & MUST_FINISH != 0
     }
 }
 
@@ -131,9 +161,13 @@ mod loom_checks {
     //! with loom's atomics. A poll and the drop never run at once (the drop
     //! needs the future a poll borrows): a mutex stands for that. A dropped
     //! future is never polled again, unless it must finish: then it runs on
-    //! a task, out of the request's hands. Property: a claim that was sent
+    //! a task, out of the request's hands. Properties: a claim that was sent
     //! is always settled (the handler's outcome kept, or the key let go
-    //! because its client is gone), never abandoned while held.
+    //! because its client is gone), never abandoned while held; it is let
+    //! go, the handler not called, exactly when its client left before it
+    //! landed. A seeded bug shows the check can fail.
+
+    use std::panic::{AssertUnwindSafe, catch_unwind};
 
     use loom::sync::Mutex;
     use loom::thread;
@@ -146,13 +180,18 @@ mod loom_checks {
         dropped: bool,
         handed_over: bool,
         claim_sent: bool,
+        /// The client had left when the claim landed.
+        gone_at_landing: bool,
         settled: Option<&'static str>,
     }
 
-    #[test]
-    fn a_sent_claim_is_always_settled_whenever_its_request_is_dropped() {
-        loom::model(|| {
-            let flags = MustFinish(Arc::new(AtomicU8::new(0)));
+    /// An attempt and the drop of its request, on flags built with `bug`.
+    fn an_attempt_and_its_drop(bug: Option<Bug>) {
+        loom::model(move || {
+            let flags = MustFinish {
+                bug,
+                ..MustFinish::new()
+            };
             let attempt = Arc::new(Mutex::new(Attempt::default()));
             let run = {
                 let (flags, attempt) = (flags.clone(), Arc::clone(&attempt));
@@ -172,6 +211,7 @@ mod loom_checks {
                     if a.dropped && !a.handed_over {
                         return; // cut off mid-attempt: what must not happen
                     }
+                    a.gone_at_landing = a.dropped;
                     a.settled = Some(if flags.client_gone() {
                         "released"
                     } else {
@@ -192,6 +232,24 @@ mod loom_checks {
             if a.settled == Some("released") {
                 assert!(a.dropped && a.handed_over, "let go with its client there");
             }
+            if a.settled == Some("completed") {
+                assert!(!a.gone_at_landing, "the handler called for a client gone");
+            }
         });
+    }
+
+    #[test]
+    fn a_sent_claim_is_always_settled_whenever_its_request_is_dropped() {
+        an_attempt_and_its_drop(None);
+    }
+
+    #[test]
+    fn seeded_bug_a_drop_that_does_not_mark_the_client_gone_is_caught() {
+        let caught = catch_unwind(AssertUnwindSafe(|| {
+            an_attempt_and_its_drop(Some(Bug::GoneNotMarked));
+        }));
+        let panic = caught.expect_err("loom missed a handler called for nobody");
+        let message = panic.downcast_ref::<&str>().copied().unwrap_or_default();
+        assert_eq!(message, "the handler called for a client gone");
     }
 }

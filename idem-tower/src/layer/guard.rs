@@ -5,6 +5,8 @@ use std::sync::Arc;
 use idem_core::DynStore;
 use idem_core::{ErrorKind, IdempotencyKey, OwnerToken};
 
+use super::task;
+
 /// Owns a claim until it is completed or released. Dropped while still armed
 /// (a panic unwound through it, or its attempt was dropped unfinished, as
 /// when the runtime shuts down), it releases the claim on a spawned task, so the key is
@@ -14,6 +16,20 @@ pub(crate) struct ClaimGuard {
     key: IdempotencyKey,
     owner: OwnerToken,
     armed: bool,
+    /// The bug this guard is built with, for its loom check to catch.
+    #[cfg(all(test, idem_loom))]
+    bug: Option<Bug>,
+}
+
+/// A known bug seeded into the guard under loom, that the layer's loom
+/// check (`service.rs`, `loom_checks`) must catch.
+#[cfg(all(test, idem_loom))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Bug {
+    /// Letting the claim go disarms the guard without releasing the claim:
+    /// a request whose client left while its claim was on its way holds
+    /// the key, for nobody, until the lease ends.
+    ReleaseSkipped,
 }
 
 impl ClaimGuard {
@@ -23,7 +39,16 @@ impl ClaimGuard {
             key,
             owner,
             armed: true,
+            #[cfg(all(test, idem_loom))]
+            bug: None,
         }
+    }
+
+    /// This guard, with `bug` seeded.
+    #[cfg(all(test, idem_loom))]
+    pub(crate) fn with_bug(mut self, bug: Option<Bug>) -> Self {
+        self.bug = bug;
+        self
     }
 
     pub(crate) fn key(&self) -> &IdempotencyKey {
@@ -46,6 +71,10 @@ impl ClaimGuard {
     /// Releases the claim now, so the client may retry.
     pub(crate) async fn release(mut self, reason: &'static str) {
         self.armed = false;
+        #[cfg(all(test, idem_loom))]
+        if self.bug == Some(Bug::ReleaseSkipped) {
+            return;
+        }
         release(&*self.store, &self.key, &self.owner, reason).await;
     }
 }
@@ -78,15 +107,13 @@ impl Drop for ClaimGuard {
         } else {
             "cancelled"
         };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move { release(&*store, &key, &owner, reason).await });
-            }
-            Err(_) => tracing::error!(
-                key = %key.redacted(),
+        let released = task::spawn(async move { release(&*store, &key, &owner, reason).await });
+        if !released {
+            tracing::error!(
+                key = %self.key.redacted(),
                 reason,
                 "no tokio runtime to release the idempotency claim; it ends with its lease"
-            ),
+            );
         }
     }
 }

@@ -47,6 +47,10 @@ pub(super) struct Settings {
     pub(super) ttl: Duration,
     /// What a duplicate of a running request gets.
     pub(super) in_flight: InFlightPolicy,
+    /// The bug its claims' guards are built with, for the layer's loom
+    /// check to catch (`service.rs`, `loom_checks`).
+    #[cfg(all(test, idem_loom))]
+    pub(super) bug: Option<super::guard::Bug>,
 }
 
 impl Settings {
@@ -59,6 +63,8 @@ impl Settings {
             lease: policy.lease.unwrap_or(config.lease),
             ttl: policy.ttl.unwrap_or(config.ttl),
             in_flight: policy.in_flight.unwrap_or(config.in_flight),
+            #[cfg(all(test, idem_loom))]
+            bug: None,
         }
     }
 

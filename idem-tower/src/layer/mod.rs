@@ -90,6 +90,7 @@ mod rebuild;
 mod route;
 mod service;
 mod settle;
+mod task;
 
 pub use body::ResponseBody;
 pub use future::ResponseFuture;

@@ -200,3 +200,267 @@ where
         }
     }
 }
+
+#[cfg(all(test, idem_loom))]
+mod loom_checks {
+    //! A request's path through the layer under loom (`.ci/loom`): this
+    //! module's `through` with the claim, its `ClaimGuard` (`guard.rs`), the
+    //! lease and the settling, on a store whose claims land on a thread
+    //! of their own (a claim sent lands whatever its sender does, as a
+    //! statement in the database does), the request dropped by its client
+    //! after none to three polls (or its response waited for), and the hand-over of its attempt to a
+    //! task (`task.rs`: a loom thread). Loom interleaves the landing, the
+    //! polls, the drop and the task. Properties: the key is never left
+    //! held (completed if the handler ran, free otherwise); a handler that
+    //! started runs to its end; a client gone before its claim landed gets
+    //! no handler call. A seeded bug in the guard shows the check can fail.
+
+    use std::convert::Infallible;
+    use std::future::{Future, poll_fn};
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Waker};
+    use std::time::Duration;
+
+    use http_body_util::Full;
+    use idem_core::{
+        Claim, Error, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken,
+    };
+    use loom::future::{AtomicWaker, block_on};
+    use loom::sync::Mutex;
+    use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use loom::thread;
+    use tower::{Layer, service_fn};
+
+    use super::*;
+    use crate::Idempotency;
+    use crate::layer::guard::Bug;
+
+    /// Stacks deep enough for the layer's unoptimised futures (loom's own
+    /// are a few kilobytes).
+    const STACK: usize = 8 << 20;
+
+    /// The one key's record.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Record {
+        Free,
+        Held(OwnerToken),
+        Completed,
+    }
+
+    /// A store of one key, and what the request's handler did.
+    #[derive(Clone)]
+    struct LandingStore(Arc<Shared>);
+
+    struct Shared {
+        record: Mutex<Record>,
+        /// The client had left when the claim landed.
+        gone_at_landing: AtomicBool,
+        /// Set by the client once it has dropped its request.
+        client_gone: AtomicBool,
+        started: AtomicUsize,
+        finished: AtomicUsize,
+    }
+
+    /// A claim on its way: its answer once it has landed.
+    struct Landing {
+        answer: Mutex<Option<Claim>>,
+        waker: AtomicWaker,
+    }
+
+    impl LandingStore {
+        fn new() -> Self {
+            Self(Arc::new(Shared {
+                record: Mutex::new(Record::Free),
+                gone_at_landing: AtomicBool::new(false),
+                client_gone: AtomicBool::new(false),
+                started: AtomicUsize::new(0),
+                finished: AtomicUsize::new(0),
+            }))
+        }
+
+        /// The claim of `owner`, as the store runs it.
+        fn land(&self, owner: OwnerToken) -> Claim {
+            let gone = self.0.client_gone.load(Ordering::SeqCst);
+            self.0.gone_at_landing.store(gone, Ordering::SeqCst);
+            let mut record = self.0.record.lock().unwrap();
+            match *record {
+                Record::Free => {
+                    *record = Record::Held(owner);
+                    Claim::Acquired(owner)
+                }
+                Record::Held(_) => Claim::InFlight { retry_after: LEASE },
+                Record::Completed => Claim::Replay(Outcome::NotReplayable),
+            }
+        }
+
+        /// `next` if `owner` holds the key.
+        fn fenced(&self, owner: &OwnerToken, next: Record) -> Result<(), Error> {
+            let mut record = self.0.record.lock().unwrap();
+            if *record != Record::Held(*owner) {
+                return Err(Error::lease_lost());
+            }
+            *record = next;
+            Ok(())
+        }
+    }
+
+    impl IdempotencyStore for LandingStore {
+        async fn claim(
+            &self,
+            _key: &IdempotencyKey,
+            _fingerprint: &Fingerprint,
+            _lease: Duration,
+            owner: OwnerToken,
+        ) -> Result<Claim, Error> {
+            let landing = Arc::new(Landing {
+                answer: Mutex::new(None),
+                waker: AtomicWaker::new(),
+            });
+            let (store, landed) = (self.clone(), Arc::clone(&landing));
+            thread::Builder::new()
+                .stack_size(STACK)
+                .spawn(move || {
+                    let claim = store.land(owner);
+                    *landed.answer.lock().unwrap() = Some(claim);
+                    landed.waker.wake();
+                })
+                .expect("a loom thread");
+            poll_fn(|cx| {
+                landing.waker.register_by_ref(cx.waker());
+                match landing.answer.lock().unwrap().take() {
+                    Some(claim) => Poll::Ready(Ok(claim)),
+                    None => Poll::Pending,
+                }
+            })
+            .await
+        }
+
+        async fn complete(
+            &self,
+            _key: &IdempotencyKey,
+            owner: &OwnerToken,
+            _outcome: &Outcome,
+            _ttl: Duration,
+        ) -> Result<(), Error> {
+            self.fenced(owner, Record::Completed)
+        }
+
+        async fn release(&self, _key: &IdempotencyKey, owner: &OwnerToken) -> Result<(), Error> {
+            self.fenced(owner, Record::Free)
+        }
+
+        async fn renew(
+            &self,
+            _key: &IdempotencyKey,
+            owner: &OwnerToken,
+            _lease: Duration,
+        ) -> Result<(), Error> {
+            let held = *self.0.record.lock().unwrap() == Record::Held(*owner);
+            if held {
+                Ok(())
+            } else {
+                Err(Error::lease_lost())
+            }
+        }
+    }
+
+    const LEASE: Duration = Duration::from_secs(60);
+
+    /// Pending once, then ready: a handler that awaits something.
+    async fn yield_once() {
+        let mut yielded = false;
+        poll_fn(|cx: &mut Context<'_>| {
+            if yielded {
+                return Poll::Ready(());
+            }
+            yielded = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        })
+        .await;
+    }
+
+    /// One request, whose client polls its response `polls` times and then
+    /// drops it (`None`: waits for it), through the layer with `bug`.
+    fn a_request_and_its_client(polls: Option<usize>, bug: Option<Bug>) {
+        loom::model(move || {
+            let store = LandingStore::new();
+            let client = {
+                let store = store.clone();
+                thread::Builder::new()
+                    .stack_size(STACK)
+                    .spawn(move || {
+                        let idem = Idempotency::new(store.clone());
+                        let layer = idem
+                            .layer_with_key("order:{header:idempotency-key}")
+                            .unwrap();
+                        let calls = store.clone();
+                        let handler = service_fn(move |_: Request<Full<Bytes>>| {
+                            let calls = calls.clone();
+                            async move {
+                                calls.0.started.fetch_add(1, Ordering::SeqCst);
+                                yield_once().await;
+                                calls.0.finished.fetch_add(1, Ordering::SeqCst);
+                                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("made"))))
+                            }
+                        });
+                        let mut service = layer.layer(handler);
+                        service.settings.bug = bug;
+                        let request = Request::post("/orders")
+                            .header("idempotency-key", "42")
+                            .body(Full::new(Bytes::from("{}")))
+                            .unwrap();
+                        let mut response = service.call(request);
+                        let Some(polls) = polls else {
+                            let response = block_on(response).unwrap();
+                            assert_eq!(response.status(), http::StatusCode::OK);
+                            return;
+                        };
+                        let mut cx = Context::from_waker(Waker::noop());
+                        for _ in 0..polls {
+                            if Pin::new(&mut response).poll(&mut cx).is_ready() {
+                                return;
+                            }
+                        }
+                        drop(response);
+                        store.0.client_gone.store(true, Ordering::SeqCst);
+                    })
+                    .expect("a loom thread")
+            };
+            client.join().unwrap();
+            // The attempt handed over, and the landing, hold the store
+            // until they are done.
+            while Arc::strong_count(&store.0) > 1 {
+                thread::yield_now();
+            }
+            let record = *store.0.record.lock().unwrap();
+            let started = store.0.started.load(Ordering::SeqCst);
+            let finished = store.0.finished.load(Ordering::SeqCst);
+            assert!(!matches!(record, Record::Held(_)), "a key left held");
+            assert_eq!(started, finished, "a handler cut off");
+            assert_eq!(record == Record::Completed, finished == 1, "{record:?}");
+            if store.0.gone_at_landing.load(Ordering::SeqCst) {
+                assert_eq!(started, 0, "the handler called for a client gone");
+            }
+        });
+    }
+
+    #[test]
+    fn a_dropped_requests_claim_is_finished_or_released_never_held() {
+        for polls in [None, Some(0), Some(1), Some(2), Some(3)] {
+            a_request_and_its_client(polls, None);
+        }
+    }
+
+    #[test]
+    fn seeded_bug_a_release_skipped_is_caught() {
+        let caught = catch_unwind(AssertUnwindSafe(|| {
+            a_request_and_its_client(Some(1), Some(Bug::ReleaseSkipped));
+        }));
+        let panic = caught.expect_err("loom missed a key held for a client gone");
+        let message = panic.downcast_ref::<&str>().copied().unwrap_or_default();
+        assert_eq!(message, "a key left held");
+    }
+}
