@@ -1,13 +1,17 @@
 //! The `orders` binary, run as a process, serves idem's metrics at
 //! `GET /metrics`: requests by outcome and matched route, the claim latency
-//! histogram, the keys duplicates hit most and, behind a Redis gate, the
-//! tiered store's counters. Nothing is installed by hand here: what is
-//! scraped is what the binary set up.
+//! histogram, the keys duplicates hit most, the expired records its purge
+//! deleted and, behind a Redis gate, the tiered store's counters. Nothing
+//! is installed by hand here: what is scraped is what the binary set up.
 
 mod support;
 
-use idem_tower::core::conformance::{redis_url, server_missing};
+use std::time::{Duration, Instant};
+
+use idem_tower::SqliteStore;
+use idem_tower::core::conformance::{acquire, fp, fresh_key, redis_url, server_missing};
 use idem_tower::redis::redis;
+use idem_tower::sql::sqlx::{self, sqlite::SqliteConnectOptions, sqlite::SqlitePoolOptions};
 use serde_json::Value;
 use support::{Orders, account, metric, samples, scrape, unique};
 
@@ -192,6 +196,58 @@ async fn the_binary_counts_a_duplicate_sql_caught_after_redis_lost_the_key() {
     assert_eq!(
         account(base, &tenant, USER).await,
         (1, STARTING_BALANCE - PRICE)
+    );
+}
+
+/// `orders --purge-every-ms` deletes the expired records of its SQL store
+/// in the background and counts them; the live ones stay and still replay.
+/// The expired records are written by another process's store on the same
+/// SQLite file (this test's), as another instance would leave them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_purges_expired_records_and_counts_them_on_sqlite() {
+    const EXPIRED: usize = 25;
+    let database = temp_sqlite();
+    let orders = Orders::start_with(&database, None, &["--purge-every-ms", "100"]);
+    let base = &orders.base;
+    let purged = |text: &str| metric(text, "idem_records_purged_total", &[]);
+    let text = scrape(base).await;
+    assert_eq!(purged(&text), Some(0.0), "reported from the start: {text}");
+
+    let tenant = unique("metrics-purge");
+    first_then_duplicate(base, &tenant, "purge-key").await;
+    let path = database.strip_prefix("sqlite://").expect("a sqlite:// URL");
+    let pool = SqlitePoolOptions::new()
+        .max_connections(2)
+        .connect_with(SqliteConnectOptions::new().filename(path))
+        .await
+        .expect("the orders app's SQLite file");
+    let elsewhere = SqliteStore::new(pool.clone());
+    for _ in 0..EXPIRED {
+        let key = fresh_key("purged-by-orders");
+        acquire(&elsewhere, &key, &fp(1), Duration::from_millis(200)).await;
+    }
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let text = loop {
+        let text = scrape(base).await;
+        if purged(&text) == Some(EXPIRED as f64) || Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(purged(&text), Some(EXPIRED as f64), "{text}");
+    let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_records")
+        .fetch_one(&pool)
+        .await
+        .expect("count the records");
+    assert_eq!(left, 1, "the order's record is kept, nothing else");
+    let replay = order(base, &tenant, "purge-key").await;
+    assert_eq!(replay.status(), 201);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(
+        account(base, &tenant, USER).await,
+        (1, STARTING_BALANCE - PRICE),
+        "one order, one debit"
     );
 }
 

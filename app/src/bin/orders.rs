@@ -4,8 +4,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Parser;
-use idem_app::orders::{App, install_prometheus, register_tier_counters};
+use idem_app::orders::{App, install_prometheus, register_purge_counter, register_tier_counters};
 use idem_tower::IdempotencyBuilder;
+use idem_tower::sql::PurgeOptions;
 use tracing_subscriber::EnvFilter;
 
 /// Orders and payments, made idempotent with idem.
@@ -34,6 +35,10 @@ struct Args {
     /// renewed while its handler runs (idem's default, 10 s, if unset).
     #[arg(long, value_name = "MS")]
     lease_ms: Option<u64>,
+    /// On SQL, how often expired idempotency records are deleted, in
+    /// milliseconds (idem's default, a minute, if unset).
+    #[arg(long, value_name = "MS")]
+    purge_every_ms: Option<u64>,
 }
 
 #[tokio::main]
@@ -58,6 +63,16 @@ async fn main() -> Result<(), idem_app::orders::BoxError> {
         register_tier_counters();
     }
     app.prometheus = Some(prometheus.clone());
+    // Expired records deleted in the background, in every instance.
+    let purge_options = args
+        .purge_every_ms
+        .map_or_else(PurgeOptions::default, |ms| {
+            PurgeOptions::every(Duration::from_millis(ms))
+        });
+    let purge = app.purge_in_background(purge_options);
+    if purge.is_some() {
+        register_purge_counter();
+    }
     // Drains recorded latencies into the histogram even when nobody scrapes.
     tokio::spawn(async move {
         let mut every = tokio::time::interval(Duration::from_secs(5));
@@ -79,5 +94,8 @@ async fn main() -> Result<(), idem_app::orders::BoxError> {
             let _ = tokio::signal::ctrl_c().await;
         })
         .await?;
+    if let Some(purge) = purge {
+        purge.stop().await;
+    }
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! The reference app (README.md, "The reference app"): orders that debit a
+//! The reference app (docs/reference-app.md): orders that debit a
 //! balance, and payments whose provider callbacks credit a ledger, made
 //! idempotent with idem, on any store. The contract tests (`tests/`), the
 //! process tests (`app/tests/`) and the benchmark drive it; for one
@@ -8,7 +8,7 @@
 //!
 //! | module | what |
 //! |---|---|
-//! | this one | [`App`]: the idempotency handle on each store, with the Redis gate |
+//! | this one | [`App`]: the idempotency handle on each store, with the Redis gate, and the SQL store's background purge ([`App::purge_in_background`]) |
 //! | `routes.rs` | the routes and their keys, with `#[idempotent]` or hand-built layers ([`Wiring`]) |
 //! | `handlers.rs` | the handlers, plain axum |
 //! | `auth.rs` | the user the handle's user resolver reads |
@@ -44,6 +44,7 @@ use idem_tower::redis::SentinelConnection;
 use idem_tower::redis::redis;
 use idem_tower::redis::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use idem_tower::redis::tiered::TierCounters;
+use idem_tower::sql::{PurgeOptions, PurgeTask};
 use idem_tower::{
     Idempotency, IdempotencyBuilder, MemoryStore, MySqlStore, PgStore, RedisStore, Resolver,
     SqliteStore, TieredStore,
@@ -58,7 +59,7 @@ pub use memory::Db;
 pub use model::{NewOrder, Order, Payment, PaymentState, STARTING_BALANCE_CENTS, TransitionError};
 pub use prometheus::{
     CLAIM_SECONDS_BUCKETS, TIER_COUNTERS, install_prometheus, metrics_router, prometheus_recorder,
-    register_outbox_metrics, register_tier_counters,
+    register_outbox_metrics, register_purge_counter, register_tier_counters,
 };
 pub use routes::{CALLBACK_KEY, ORDER_KEY, Wiring};
 pub use sql::OrdersSql;
@@ -84,6 +85,17 @@ pub struct App {
     /// The Prometheus recorder's handle, when one is installed (the binary
     /// installs it): `GET /metrics` renders idem's metrics from it.
     pub prometheus: Option<PrometheusHandle>,
+    /// On SQL, the store of record (behind the gate, with `--redis`), for
+    /// [`App::purge_in_background`].
+    records: Option<SqlRecords>,
+}
+
+/// The SQL store the app's records are in.
+#[derive(Clone)]
+enum SqlRecords {
+    Postgres(PgStore),
+    MySql(MySqlStore),
+    Sqlite(SqliteStore),
 }
 
 impl App {
@@ -122,27 +134,56 @@ impl App {
         configure: impl FnOnce(IdempotencyBuilder) -> IdempotencyBuilder,
     ) -> Result<Self, BoxError> {
         let data = Data::connect(database).await?;
+        let records = sql_records(&data).await?;
         let (builder, tier) = match redis {
-            None => handle_on::<ConnectionManager>(&data, None).await?,
+            None => handle_on::<ConnectionManager>(records.as_ref(), None),
             // Lazy connections: Redis is the gate, not the truth, so an
             // instance (re)started while Redis is down or mid-failover
             // starts, serving from SQL alone until the gate answers.
             Some(url) if url.starts_with("redis+sentinel://") => {
                 let gate = RedisStore::new(SentinelConnection::open_lazy(url)?);
                 warn_if_unreachable(&gate).await;
-                handle_on(&data, Some(gate)).await?
+                handle_on(records.as_ref(), Some(gate))
             }
             Some(url) => {
                 let client = redis::Client::open(url)?;
                 let lazy = client.get_connection_manager_lazy(ConnectionManagerConfig::new())?;
                 let gate = RedisStore::new(lazy);
                 warn_if_unreachable(&gate).await;
-                handle_on(&data, Some(gate)).await?
+                handle_on(records.as_ref(), Some(gate))
             }
         };
         let mut app = Self::assemble(data, configure(builder), chaos);
         app.tier = tier;
+        app.records = records;
         Ok(app)
+    }
+
+    /// Starts deleting the expired idempotency records of the app's SQL
+    /// store with `options` (idem's background purge, counted in
+    /// `idem_records_purged_total`); `None` on the `memory` database. The
+    /// purge runs until the task is stopped or dropped. The `orders`
+    /// binary starts it (`--purge-every-ms`); the tests that count every
+    /// statement the app runs leave it off.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idem_app::orders::BoxError> {
+    /// use idem_tower::sql::PurgeOptions;
+    ///
+    /// let app = idem_app::orders::App::connect("sqlite://orders.db", false).await?;
+    /// let purge = app.purge_in_background(PurgeOptions::default());
+    /// // ... serve `app.router()` ...
+    /// if let Some(purge) = purge {
+    ///     purge.stop().await;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn purge_in_background(&self, options: PurgeOptions) -> Option<PurgeTask> {
+        Some(match self.records.as_ref()? {
+            SqlRecords::Postgres(store) => store.purge_in_background(options),
+            SqlRecords::MySql(store) => store.purge_in_background(options),
+            SqlRecords::Sqlite(store) => store.purge_in_background(options),
+        })
     }
 
     fn assemble(data: Data, builder: IdempotencyBuilder, chaos: bool) -> Self {
@@ -157,6 +198,7 @@ impl App {
             chaos,
             tier: None,
             prometheus: None,
+            records: None,
         }
     }
 }
@@ -179,35 +221,46 @@ async fn warn_if_unreachable<C: ConnectionLike + Clone + Send + Sync + 'static>(
     }
 }
 
-/// The handle's builder on `data`'s store (its table created if missing),
-/// behind `gate` if there is one.
-async fn handle_on<C: ConnectionLike + Clone + Send + Sync + 'static>(
-    data: &Data,
-    gate: Option<RedisStore<C>>,
-) -> Result<(IdempotencyBuilder, Option<Arc<TierCounters>>), BoxError> {
-    Ok(match data {
-        // Redis alone, no SQL behind it: for trying things out, not for
-        // money (an eviction or a failover forgets keys).
-        Data::Memory(_) => match gate {
-            Some(gate) => (Idempotency::builder(gate), None),
-            None => (Idempotency::builder(MemoryStore::new()), None),
-        },
+/// The SQL store of `data`'s database, its table created if missing;
+/// `None` on the `memory` database.
+async fn sql_records(data: &Data) -> Result<Option<SqlRecords>, BoxError> {
+    Ok(Some(match data {
+        Data::Memory(_) => return Ok(None),
         Data::Postgres { pool, .. } => {
             let store = PgStore::new(pool.clone());
             store.migrate().await?;
-            with_gate(store, gate)
+            SqlRecords::Postgres(store)
         }
         Data::MySql { pool, .. } => {
             let store = MySqlStore::new(pool.clone());
             store.migrate().await?;
-            with_gate(store, gate)
+            SqlRecords::MySql(store)
         }
         Data::Sqlite { pool, .. } => {
             let store = SqliteStore::new(pool.clone());
             store.migrate().await?;
-            with_gate(store, gate)
+            SqlRecords::Sqlite(store)
         }
-    })
+    }))
+}
+
+/// The handle's builder on the SQL store `records` (on the `memory`
+/// database, none), behind `gate` if there is one.
+fn handle_on<C: ConnectionLike + Clone + Send + Sync + 'static>(
+    records: Option<&SqlRecords>,
+    gate: Option<RedisStore<C>>,
+) -> (IdempotencyBuilder, Option<Arc<TierCounters>>) {
+    match records {
+        // Redis alone, no SQL behind it: for trying things out, not for
+        // money (an eviction or a failover forgets keys).
+        None => match gate {
+            Some(gate) => (Idempotency::builder(gate), None),
+            None => (Idempotency::builder(MemoryStore::new()), None),
+        },
+        Some(SqlRecords::Postgres(store)) => with_gate(store.clone(), gate),
+        Some(SqlRecords::MySql(store)) => with_gate(store.clone(), gate),
+        Some(SqlRecords::Sqlite(store)) => with_gate(store.clone(), gate),
+    }
 }
 
 /// The handle's builder on `truth`, behind `gate` if there is one.

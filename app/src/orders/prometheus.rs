@@ -1,7 +1,8 @@
 //! `GET /metrics` and the Prometheus recorder behind it: what the `orders`
 //! binary installs so that idem's metrics (requests by outcome and route,
-//! claim latency, lease renewals, the tiered store's counters) are served
-//! next to the app's own (README.md, "Metrics"), and what the `relay`
+//! claim latency, lease renewals, the tiered store's counters, the expired
+//! records purged) are served
+//! next to the app's own (docs/metrics.md), and what the `relay`
 //! binary serves with `--metrics-listen` ([`metrics_router`]): the outbox
 //! relay's published and retried events by topic, its lag and its purges.
 
@@ -93,6 +94,10 @@ pub fn install_prometheus() -> Result<PrometheusHandle, BoxError> {
     for (name, help) in TIER_COUNTERS {
         metrics::describe_counter!(*name, *help);
     }
+    metrics::describe_counter!(
+        "idem_records_purged_total",
+        "Expired idempotency records deleted by the SQL store's purge."
+    );
     describe_outbox_metrics();
     Ok(handle)
 }
@@ -152,6 +157,13 @@ pub fn metrics_router(handle: PrometheusHandle) -> Router {
             )
         }),
     )
+}
+
+/// Reports the purged records' counter at 0, so that it exists before the
+/// first purge: call it once, after installing the recorder, when the SQL
+/// store's purge runs ([`App::purge_in_background`](super::App::purge_in_background)).
+pub fn register_purge_counter() {
+    metrics::counter!("idem_records_purged_total").increment(0);
 }
 
 /// Reports the tiered store's counters at 0, so that they exist before
