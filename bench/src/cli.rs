@@ -55,6 +55,12 @@ pub(crate) struct Args {
     /// the batching of wake-ups a faster row gets.
     #[arg(long)]
     pub(crate) rate: Option<u32>,
+    /// Put PostgreSQL and Redis a network hop away: a proxy that holds
+    /// every chunk of bytes this long in each direction (say `500us`), as
+    /// a link with that latency would. Every row that uses them goes
+    /// through it; the statistics the benchmark reads do not.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub(crate) net_delay: Option<Duration>,
     /// Connections in each SQLite pool.
     #[arg(long, default_value_t = 8)]
     pub(crate) sqlite_pool: u32,

@@ -18,6 +18,7 @@ mod client;
 mod cpu;
 mod load;
 mod measure;
+mod netdelay;
 mod report;
 mod scenarios;
 mod services;
@@ -117,10 +118,17 @@ async fn run(args: Args, server_rt: Handle, cpus: usize) -> i32 {
     let before_run = cpu::Sample::now().since(&quiet);
 
     // Redis: a private server, so that its counts are ours alone.
-    let redis = services::redis(&args, &mut outcome).await;
+    let mut redis = services::redis(&args, &mut outcome).await;
     // PostgreSQL: a database of our own, its records table emptied.
-    let pg_url = format!("{}/{}", args.postgres, args.pg_database);
+    let mut pg_url = format!("{}/{}", args.postgres, args.pg_database);
     let pg = services::postgres(&args, &mut outcome).await;
+    // Both a network hop away, if asked.
+    if let Some(delay) = args.net_delay {
+        match behind_delay(&mut pg_url, &mut redis.url, delay) {
+            Ok(note) => outcome.note(note),
+            Err(err) => outcome.fail(format!("--net-delay: {err}")),
+        }
+    }
 
     let sqlite_dir =
         std::env::temp_dir().join(format!("idem-bench-{}-{nonce}", std::process::id()));
@@ -165,6 +173,25 @@ async fn run(args: Args, server_rt: Handle, cpus: usize) -> i32 {
 
 /// Takes every measurement `--rounds` times, round after round; the median
 /// round of each.
+/// Points the rows' PostgreSQL and Redis URLs at delay proxies; a note
+/// for the report.
+fn behind_delay(
+    pg_url: &mut String,
+    redis_url: &mut Option<String>,
+    delay: Duration,
+) -> Result<String, String> {
+    let pg = netdelay::DelayProxy::start(&netdelay::host_port(pg_url, 5432), delay)?;
+    *pg_url = pg.url(pg_url);
+    if let Some(url) = redis_url {
+        let redis = netdelay::DelayProxy::start(&netdelay::host_port(url, 6379), delay)?;
+        *url = redis.url(url);
+    }
+    Ok(format!(
+        "PostgreSQL and Redis behind a delay proxy: {delay:?} each way, {:?} per round trip",
+        2 * delay
+    ))
+}
+
 async fn measure_rounds(ctx: &Ctx, outcome: &mut Outcome) -> Vec<Row> {
     let jobs = scenarios::jobs(ctx);
     let mut taken: Vec<Vec<Row>> = jobs.iter().map(|_| Vec::new()).collect();

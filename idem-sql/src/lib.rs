@@ -27,23 +27,26 @@
 //! # Purging expired rows
 //!
 //! Expired rows are dead (a claim takes them over), but they take space.
-//! [`SqlStore::purge_expired`] deletes them in bounded batches; run it on a
-//! timer in one process, or from cron, whichever you already have:
+//! [`SqlStore::purge_in_background`] deletes them every period on a task of
+//! its own, until the [`PurgeTask`] it returns is stopped or dropped:
 //!
 //! ```no_run
 //! # #[cfg(feature = "postgres")]
-//! # fn run(store: idem_sql::PgStore) {
-//! tokio::spawn(async move {
-//!     let mut every = tokio::time::interval(std::time::Duration::from_secs(300));
-//!     loop {
-//!         every.tick().await;
-//!         if let Err(err) = store.purge_expired(1_000).await {
-//!             tracing::warn!(%err, "idempotency purge failed; will retry");
-//!         }
-//!     }
-//! });
+//! # async fn run(store: idem_sql::PgStore) {
+//! use idem_sql::PurgeOptions;
+//!
+//! let purge = store.purge_in_background(PurgeOptions::default()); // every minute
+//! // ... serve ...
+//! purge.stop().await;
 //! # }
 //! ```
+//!
+//! It deletes in bounded batches, one short statement each, counts what it
+//! deletes in `idem_records_purged_total`, logs what fails and tries again
+//! next period. Run it in every instance: purgers on one table share the
+//! work, each row deleted once, without waiting on one another (SQLite's
+//! take turns). [`SqlStore::purge_expired`] is one pass, for a scheduler
+//! you already have.
 //!
 //! # How a claim runs
 //!
@@ -147,6 +150,7 @@ mod open;
 mod plain;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod purge;
 mod slot;
 #[cfg(feature = "sqlite")]
 mod sqlite;
@@ -166,6 +170,7 @@ pub use dialect::{Value, bind_all};
 #[doc(hidden)]
 pub use idem_core as __core;
 use open::OpenClaims;
+pub use purge::{PurgeOptions, PurgeTask};
 pub use slot::{TxGuard, TxSlot};
 /// The sqlx crate this store is built on, so your pool is the very type the
 /// store takes.
@@ -323,26 +328,11 @@ impl<DB: Dialect> SqlStore<DB> {
             .map_err(unavailable)
     }
 
-    /// Deletes expired records, `batch` rows per statement, until none is
-    /// left; returns how many it deleted. Short statements keep locks short.
-    pub async fn purge_expired(&self, batch: u32) -> Result<u64, Error> {
-        let batch = i64::from(batch.max(1));
-        let mut conn = self.inner.pool.acquire().await.map_err(unavailable)?;
-        let mut total = 0;
-        loop {
-            let deleted = DB::purge(&mut conn, &self.inner.queries, batch)
-                .await
-                .map_err(unavailable)?;
-            total += deleted;
-            if deleted < batch as u64 {
-                return Ok(total);
-            }
-        }
-    }
-
-    /// Claims on `conn` (`key_hash` is `key`'s), in the transaction open on
-    /// it if `in_transaction`, retrying while the row in the way vanishes or
-    /// expires between statements.
+    /// Claims on `conn` (`key_hash` is `key`'s), retrying while the row in
+    /// the way vanishes or expires between statements. With a lock timeout,
+    /// a transactional claim in the transaction open on `conn`
+    /// ([`Dialect::tx_claim`]; another open transaction holding the key
+    /// answers "in flight").
     #[allow(clippy::too_many_arguments)] // one claim's values, passed through
     async fn claim_on(
         &self,
@@ -352,7 +342,7 @@ impl<DB: Dialect> SqlStore<DB> {
         fingerprint: &Fingerprint,
         lease: Duration,
         owner: OwnerToken,
-        in_transaction: bool,
+        in_transaction: Option<Duration>,
     ) -> Result<Claim, sqlx::Error> {
         for _ in 0..CLAIM_ATTEMPTS {
             let args = ClaimArgs {
@@ -363,13 +353,15 @@ impl<DB: Dialect> SqlStore<DB> {
                 lease_ms: expiry_millis(lease),
             };
             let queries = &self.inner.queries;
-            let step = if in_transaction {
-                DB::tx_claim(conn, queries, args).await?
-            } else {
-                DB::claim(conn, queries, args).await?
+            let step = match in_transaction {
+                Some(lock_timeout) => DB::tx_claim(conn, queries, args, lock_timeout).await?,
+                None => DB::claim(conn, queries, args).await?,
             };
             match step {
                 ClaimStep::Acquired => return Ok(Claim::Acquired(owner)),
+                ClaimStep::Locked => {
+                    return Ok(Claim::InFlight { retry_after: lease });
+                }
                 ClaimStep::Vanished => continue,
                 ClaimStep::Existing(row) => match row.answer(fingerprint) {
                     Ok(Some(claim)) => return Ok(claim),

@@ -50,7 +50,7 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
             };
             return Ok(self.write(claim).await?.claim());
         }
-        self.claim_on(&mut conn, key, &hash, fingerprint, lease, owner, false)
+        self.claim_on(&mut conn, key, &hash, fingerprint, lease, owner, None)
             .await
             .map_err(unavailable)
     }

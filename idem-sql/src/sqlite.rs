@@ -7,8 +7,6 @@
 //! processes wait for the pool's `busy_timeout` (duplicates of a live key
 //! only read).
 
-use std::time::Duration;
-
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{AssertSqlSafe, Sqlite};
 
@@ -21,6 +19,7 @@ use super::{SqlStore, unavailable};
 use idem_core::{Error, OwnerToken};
 
 mod many;
+mod script;
 
 const MIGRATIONS: &[(i64, &str)] = &[(
     1,
@@ -100,8 +99,7 @@ impl Dialect for Sqlite {
                    SELECT key_hash FROM {table} WHERE expires_at < {now} LIMIT ?1)"
             )
             .into(),
-            #[cfg(feature = "postgres")]
-            insert_completed: None,
+            table: table.into(),
         }
     }
 
@@ -166,21 +164,32 @@ impl Dialect for Sqlite {
         written.into_iter().flatten().collect()
     }
 
-    async fn begin_claim(
-        _: &mut SqliteConnection,
-        _: &[u8; 32],
-        _: Duration,
+    async fn tx_commit(
+        mut tx: sqlx::Transaction<'static, Self>,
+        q: &Queries,
+        args: ClaimArgs<'_>,
+        outcome: &[u8],
+        ttl_ms: i64,
     ) -> Result<bool, sqlx::Error> {
-        // One writer at a time: this process's claims have taken their
-        // turn already (`writer.rs`); one of another process's waits for
-        // the write lock on the connection's busy_timeout (set on the
-        // pool). In-process duplicates never get here (see
-        // `SqlStore::claim_in_transaction`).
-        Ok(true)
-    }
-
-    async fn end_claim(_: &mut SqliteConnection, _: Duration) -> Result<(), sqlx::Error> {
-        Ok(())
+        let script = script::commit(
+            &q.table,
+            Self::NOW,
+            &script::Completion {
+                key_hash: args.key_hash,
+                owner: args.owner.as_bytes(),
+                outcome,
+                ttl_ms,
+            },
+        );
+        match sqlx::raw_sql(AssertSqlSafe(script)).execute(&mut *tx).await {
+            // Committed; dropping `tx` rolls back the empty transaction
+            // the script began (`script::commit`).
+            Ok(_) => Ok(true),
+            Err(err) => {
+                tx.rollback().await?;
+                Err(err)
+            }
+        }
     }
 
     fn is_lock_timeout(err: &sqlx::Error) -> bool {

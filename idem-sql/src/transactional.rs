@@ -50,19 +50,16 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
             let owner = match self
                 .claim_in(&mut tx, key, &hash, fingerprint, lease, owner)
                 .await
+                .map(Claim::acquired)
             {
-                Ok(InTransaction::Acquired(owner)) => {
+                Ok(Ok(owner)) => {
                     held.checked(Check::Open);
                     owner
                 }
-                Ok(InTransaction::Answered(duplicate)) => {
+                Ok(Err(duplicate)) => {
                     held.checked(Check::Answered(*fingerprint, duplicate.clone()));
                     finish(tx).await;
                     return Ok(TxClaim::Duplicate(duplicate));
-                }
-                Ok(InTransaction::Locked) => {
-                    finish(tx).await;
-                    return Ok(in_flight(lease));
                 }
                 Err(err) => {
                     finish(tx).await;
@@ -81,18 +78,6 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
             })))
         })
     }
-}
-
-/// What a claim run inside its transaction found.
-enum InTransaction {
-    /// The key is ours, held by the transaction until it ends.
-    Acquired(OwnerToken),
-    /// The key's record answered: a replay, in flight, or a mismatch.
-    Answered(Duplicate),
-    /// Another transaction holds the key: another process's open claim
-    /// (its lock, or its claim row on MySQL/MariaDB, which wait for no lock
-    /// in a claim), or SQLite's write lock.
-    Locked,
 }
 
 impl<DB: Dialect> SqlStore<DB> {
@@ -142,12 +127,9 @@ impl<DB: Dialect> SqlStore<DB> {
         }
     }
 
-    /// The claim of `key` in `tx`.
-    ///
-    /// First the dialect's `begin_claim`: another process's open claim of
-    /// the key is found at once, without waiting for it. Then the claim
-    /// itself (`Dialect::tx_claim`). On PostgreSQL it only reads: the
-    /// advisory lock just taken holds the key until the transaction ends,
+    /// The claim of `key` in `tx` ([`Dialect::tx_claim`]): another open
+    /// transaction's claim of the key is found at once, without waiting
+    /// for it. On PostgreSQL it only reads, under the key's advisory lock,
     /// and the completed row is written at commit. Elsewhere, unlike
     /// `claim`, nothing reads first: the claim writes its row before it
     /// reads. A plain read there cannot see another transaction's
@@ -164,25 +146,18 @@ impl<DB: Dialect> SqlStore<DB> {
         fingerprint: &Fingerprint,
         lease: Duration,
         owner: OwnerToken,
-    ) -> Result<InTransaction, Error> {
-        let lock_timeout = self.inner.lock_timeout;
-        if !DB::begin_claim(tx, hash, lock_timeout)
-            .await
-            .map_err(unavailable)?
-        {
-            return Ok(InTransaction::Locked);
-        }
-        let claimed = self
-            .claim_on(tx, key, hash, fingerprint, lease, owner, true)
-            .await
-            .map(Claim::acquired);
-        DB::end_claim(tx, lock_timeout).await.map_err(unavailable)?;
-        match claimed {
-            Ok(Ok(owner)) => Ok(InTransaction::Acquired(owner)),
-            Ok(Err(duplicate)) => Ok(InTransaction::Answered(duplicate)),
-            Err(err) if DB::is_lock_timeout(&err) => Ok(InTransaction::Locked),
-            Err(err) => Err(unavailable(err)),
-        }
+    ) -> Result<Claim, Error> {
+        self.claim_on(
+            tx,
+            key,
+            hash,
+            fingerprint,
+            lease,
+            owner,
+            Some(self.inner.lock_timeout),
+        )
+        .await
+        .map_err(unavailable)
     }
 }
 
@@ -232,7 +207,7 @@ impl<DB: Dialect> OpenTransaction for SqlOpenTransaction<DB> {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
-            let mut tx = self.slot.take().await?;
+            let tx = self.slot.take().await?;
             let args = ClaimArgs {
                 key_hash: &self.key_hash,
                 key: self.key.as_str(),
@@ -240,8 +215,8 @@ impl<DB: Dialect> OpenTransaction for SqlOpenTransaction<DB> {
                 owner: &self.owner,
                 lease_ms: 0,
             };
-            let done = DB::tx_complete(
-                &mut tx,
+            let done = DB::tx_commit(
+                tx,
                 &self.store.inner.queries,
                 args,
                 &outcome.encode(),
@@ -249,8 +224,7 @@ impl<DB: Dialect> OpenTransaction for SqlOpenTransaction<DB> {
             )
             .await
             .map_err(unavailable)?;
-            Error::fenced(done)?;
-            tx.commit().await.map_err(unavailable)
+            Error::fenced(done)
         })
     }
 

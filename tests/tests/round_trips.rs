@@ -1,9 +1,15 @@
-//! Counted, not timed, through the orders app with PostgreSQL behind a Redis
-//! gate (transactional mode): a duplicate of a completed request costs one
+//! Counted, not timed.
+//!
+//! Through the orders app with PostgreSQL behind a Redis gate
+//! (transactional mode): a duplicate of a completed request costs one
 //! Redis command and no SQL at all; a first request costs at most two Redis
 //! commands and exactly one database commit. Redis commands are what clients
 //! send to a Redis of the test's own (`MONITOR`); SQL is `pg_stat_database`
 //! of a database of its own.
+//!
+//! On PgStore alone, a transactional first request costs one round trip to
+//! PostgreSQL more than the same handler without idem, counted on the wire
+//! (`idem_tests::pg_wire`).
 
 use idem_app::orders::App;
 use idem_tests::Harness;
@@ -13,7 +19,14 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::Router;
+use axum::routing::post;
+use http::StatusCode;
+use idem_tests::pg_wire::RoundTrips;
 use idem_tower::core::conformance::RedisServer;
+use idem_tower::sql::sqlx::postgres::PgPoolOptions;
+use idem_tower::sql::sqlx::{self, PgPool, Postgres};
+use idem_tower::{Idempotency, PgStore, Tx, idempotent};
 
 /// What clients send to a Redis, seen through `MONITOR` (which marks the
 /// commands a Lua script runs inside Redis as `lua`: those are not round
@@ -116,4 +129,115 @@ async fn a_duplicate_costs_one_redis_command_and_no_sql() {
         "a duplicate touches no SQL at all"
     );
     assert_eq!(h.app.calls.orders(), 2);
+}
+
+/// The orders of the round-trip test.
+const INSERT: &str = "INSERT INTO idem_round_trip_orders (note) VALUES ($1)";
+
+#[idempotent(key = "trips:{header:idempotency-key}", transactional)]
+async fn order_with_idem(mut tx: Tx<Postgres>, note: String) -> StatusCode {
+    match sqlx::query(INSERT).bind(note).execute(&mut *tx).await {
+        Ok(_) => StatusCode::CREATED,
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// The same handler without idem: its own transaction, one insert, commit.
+async fn order_bare(pool: PgPool, note: String) -> StatusCode {
+    let placed = async {
+        let mut tx = pool.begin().await?;
+        sqlx::query(INSERT).bind(note).execute(&mut *tx).await?;
+        tx.commit().await
+    };
+    match placed.await {
+        Ok(()) => StatusCode::CREATED,
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transactional_first_request_costs_one_round_trip_more_than_without_idem() {
+    let Some(url) = idem_tests::Backend::Postgres.database_url().await else {
+        return;
+    };
+    let trips = RoundTrips::proxy(&url).await;
+    // Two connections, each warmed up below: its statements prepared, both
+    // sqlx's and the store's scripts' (prepared once per connection).
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&trips.url(&url))
+        .await
+        .expect("PostgreSQL through the proxy");
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS idem_round_trip_orders (id BIGSERIAL PRIMARY KEY, note TEXT)",
+    )
+    .execute(&pool)
+    .await
+    .expect("the orders table");
+    let store = PgStore::builder(pool.clone())
+        .table("idem_round_trip_records")
+        .build()
+        .expect("a store");
+    store.migrate().await.expect("migrated");
+    let bare_pool = pool.clone();
+    let app = Router::new()
+        .route("/idem", post(order_with_idem))
+        .route(
+            "/bare",
+            post(move |note: String| order_bare(bare_pool.clone(), note)),
+        )
+        .with_state(Idempotency::new(store));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let base = format!("http://{}", listener.local_addr().expect("an address"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let client = reqwest::Client::new();
+    let nonce = idem_tests::nonce();
+    let send = |path: &'static str, key: String| {
+        let request = client
+            .post(format!("{base}{path}"))
+            .header("idempotency-key", key)
+            .body("an order");
+        async move {
+            let response = request.send().await.expect("an answer");
+            let replayed = response.headers().contains_key("idempotent-replayed");
+            (response.status().as_u16(), replayed)
+        }
+    };
+    let rows = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM idem_round_trip_orders")
+            .fetch_one(&pool)
+            .await
+            .expect("a count")
+    };
+
+    // Warm up: statements prepared, connections open, on both routes.
+    for n in 0..8 {
+        assert_eq!(send("/bare", format!("{nonce}-w{n}")).await.0, 201);
+        assert_eq!(send("/idem", format!("{nonce}-w{n}")).await.0, 201);
+    }
+
+    let before = trips.settled().await;
+    assert_eq!(send("/bare", format!("{nonce}-bare")).await, (201, false));
+    let bare = trips.settled().await - before;
+
+    let rows_before = rows().await;
+    let before = trips.settled().await;
+    assert_eq!(send("/idem", format!("{nonce}-first")).await, (201, false));
+    let first = trips.settled().await - before;
+
+    let before = trips.settled().await;
+    assert_eq!(send("/idem", format!("{nonce}-first")).await, (201, true));
+    let duplicate = trips.settled().await - before;
+    assert_eq!(rows().await - rows_before, 1, "one order for the key");
+
+    eprintln!(
+        "round trips to PostgreSQL: bare {bare}, first request {first}, duplicate {duplicate}"
+    );
+    assert_eq!(
+        first,
+        bare + 1,
+        "a first request: the bare endpoint's round trips and one"
+    );
 }

@@ -19,7 +19,8 @@ pub use table::{
 pub use transactions::{
     a_claim_whose_connection_died_frees_its_key_at_once, commit_keeps_writes_and_outcome,
     dropped_transaction_rolls_back, duplicate_of_an_open_transaction_is_in_flight_then_replays,
-    duplicate_past_the_lock_timeout_is_in_flight, rollback_undoes_writes_and_claim,
+    duplicate_past_the_lock_timeout_is_in_flight, keys_and_outcomes_of_any_bytes_round_trip,
+    rollback_undoes_writes_and_claim,
 };
 
 use crate::{Dialect, SqlStore, TxSlot};
@@ -54,6 +55,9 @@ pub trait TestSql: Dialect {
     /// Statements that, run on a connection and left open, hold a lock any
     /// write to the record row `{hash}` (hex) of `{table}` waits on.
     const LOCK_RECORD: &'static [&'static str];
+    /// A text value written as the hexadecimal digits `{hex}` of its UTF-8
+    /// bytes.
+    const TEXT_FROM_HEX: &'static str;
     /// Runs `sql` on the pool.
     fn exec(pool: &sqlx::Pool<Self>, sql: String) -> impl Future<Output = ()> + Send;
     /// Runs `sql` on `conn`.
@@ -63,10 +67,11 @@ pub trait TestSql: Dialect {
 }
 
 macro_rules! test_sql {
-    ($($feature:literal => $db:ty, lock: $lock:expr;)*) => {$(
+    ($($feature:literal => $db:ty, text: $text:expr, lock: $lock:expr;)*) => {$(
         #[cfg(feature = $feature)]
         impl TestSql for $db {
             const LOCK_RECORD: &'static [&'static str] = $lock;
+            const TEXT_FROM_HEX: &'static str = $text;
             async fn exec(pool: &sqlx::Pool<Self>, sql: String) {
                 sqlx::raw_sql(AssertSqlSafe(sql)).execute(pool).await.expect("statement");
             }
@@ -81,16 +86,16 @@ macro_rules! test_sql {
 }
 
 test_sql! {
-    "postgres" => sqlx::Postgres, lock: &[
+    "postgres" => sqlx::Postgres, text: "convert_from(decode('{hex}', 'hex'), 'UTF8')", lock: &[
         "BEGIN",
         "SELECT 1 FROM {table} WHERE key_hash = decode('{hash}', 'hex') FOR UPDATE",
     ];
-    "mysql" => sqlx::MySql, lock: &[
+    "mysql" => sqlx::MySql, text: "CONVERT(X'{hex}' USING utf8mb4)", lock: &[
         "BEGIN",
         "SELECT 1 FROM {table} WHERE key_hash = X'{hash}' FOR UPDATE",
     ];
     // One writer at a time: an open write transaction blocks every write.
-    "sqlite" => sqlx::Sqlite, lock: &["BEGIN IMMEDIATE"];
+    "sqlite" => sqlx::Sqlite, text: "CAST(X'{hex}' AS TEXT)", lock: &["BEGIN IMMEDIATE"];
 }
 
 /// A fresh key for `case`, and the nonce its effect rows carry, with the
@@ -172,6 +177,7 @@ macro_rules! transactional_conformance_tests {
             completed_key_answers_without_waiting_on_its_row,
             migrate_twice_and_custom_table,
             purge_removes_only_expired_rows,
+            keys_and_outcomes_of_any_bytes_round_trip,
         );
     };
 }

@@ -134,3 +134,48 @@ pub async fn duplicate_past_the_lock_timeout_is_in_flight<DB: TestSql>(store: Ar
     first.commit(&response(), LONG).await.unwrap();
     assert_eq!(effects(store.pool(), &nonce).await, 1);
 }
+
+/// Keys and outcomes are stored as they are, whatever characters they
+/// hold: quotes, backslashes, SQL, dollar quotes, NUL-free Unicode, every
+/// byte value in a body. Keys that differ by one such character are
+/// different keys.
+pub async fn keys_and_outcomes_of_any_bytes_round_trip<DB: TestSql>(store: Arc<SqlStore<DB>>) {
+    let (_, nonce) = fresh_case(&store, "tx-bytes").await;
+    let body: Vec<u8> = (0..=255u8).chain((0..=255u8).rev()).collect();
+    let outcome = idem_core::Outcome::Response(idem_core::StoredResponse::new(
+        http::StatusCode::CREATED,
+        http::HeaderMap::new(),
+        body,
+    ));
+    let names = [
+        "it's",
+        "it''s",
+        "back\\slash'",
+        "'); DROP TABLE idem_records; --",
+        "$$ $tag$ \\x00",
+        "ключ · 鍵 · 🔑",
+    ];
+    for name in names {
+        let key = idem_core::IdempotencyKey::new("idem-test:", &format!("{nonce}:{name}"));
+        let TxClaim::Open(tx) = claim_in_transaction(&*store, &key).await else {
+            panic!("{name:?}: a fresh key is acquired");
+        };
+        tx.commit(&outcome, LONG).await.expect("committed");
+        assert_eq!(
+            duplicate(&*store, &key, &fp()).await,
+            Claim::Replay(outcome.clone()),
+            "{name:?}"
+        );
+        let hex: String = key.as_str().bytes().map(|b| format!("{b:02x}")).collect();
+        let stored = DB::count(
+            store.pool(),
+            format!(
+                "SELECT COUNT(*) FROM {} WHERE idem_key = {}",
+                store.table(),
+                DB::TEXT_FROM_HEX.replace("{hex}", &hex)
+            ),
+        )
+        .await;
+        assert_eq!(stored, 1, "{name:?}: the key stored as it is");
+    }
+}

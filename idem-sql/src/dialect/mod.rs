@@ -171,64 +171,71 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
         store.run_each(conn, writes)
     }
 
-    /// Deletes up to `batch` expired rows; how many it deleted.
+    /// Deletes up to `batch` expired rows of `table` (whose statements
+    /// `queries` are) in one short statement or transaction, skipping rows
+    /// another transaction holds where the database has row locks (see
+    /// `purge.rs`); how many it deleted.
     #[doc(hidden)]
     fn purge(
         conn: &mut Self::Connection,
         queries: &Queries,
+        table: &str,
         batch: i64,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 
-    /// Opens a transactional claim of `key_hash` in the transaction on
-    /// `conn`, so that a duplicate learns "in flight" without waiting on it:
-    /// `false` if another open transaction holds the key. Also bounds how
-    /// long the claim waits on any other lock.
-    #[doc(hidden)]
-    fn begin_claim(
-        conn: &mut Self::Connection,
-        key_hash: &[u8; 32],
-        timeout: Duration,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
-
-    /// The claim of a transactional claim, once [`Dialect::begin_claim`]
-    /// has taken the key. Where that lock alone holds the key to the end of
-    /// the transaction (PostgreSQL), a plain read: a live row answers,
-    /// anything else leaves the key to this claim, and nothing is written
-    /// until [`Dialect::tx_complete`]. Elsewhere [`Dialect::claim`], which
-    /// writes the claim's row.
+    /// The claim of a transactional claim, in the transaction open on
+    /// `conn`, with everything it takes: [`ClaimStep::Locked`] at once,
+    /// without waiting, if another open transaction holds the key, so that
+    /// a duplicate learns "in flight" while the first runs. On every path
+    /// it leaves the handler's own statements waiting for locks up to
+    /// `lock_timeout`.
+    ///
+    /// Where a lock alone holds the key to the end of the transaction
+    /// (PostgreSQL), a read under that lock: a live row answers, anything
+    /// else leaves the key to this claim, and nothing is written until
+    /// [`Dialect::tx_commit`]. Elsewhere [`Dialect::claim`], which writes
+    /// the claim's row: that row, written in the transaction, holds the key.
     #[doc(hidden)]
     fn tx_claim(
         conn: &mut Self::Connection,
         queries: &Queries,
         args: ClaimArgs<'_>,
+        lock_timeout: Duration,
     ) -> impl Future<Output = Result<ClaimStep, sqlx::Error>> + Send {
-        // The claim's row, written in the transaction, holds the key.
-        Self::claim(conn, queries, args)
+        // Here nothing waits on a lock longer than the connection's own
+        // setting (SQLite: its busy timeout).
+        let _ = lock_timeout;
+        async move {
+            match Self::claim(conn, queries, args).await {
+                Err(err) if Self::is_lock_timeout(&err) => Ok(ClaimStep::Locked),
+                step => step,
+            }
+        }
     }
 
-    /// Records a transactional claim's `outcome` before its commit:
-    /// inserts the completed row where [`Dialect::tx_claim`] wrote none
-    /// (or takes over an expired one), completes the claim's row elsewhere.
-    /// `true` if it was recorded; `false` means another claim's live row is
-    /// in the way, and the transaction must not commit.
+    /// Records a transactional claim's `outcome` and commits, writes and
+    /// record together. `false` if another claim's live row is in the way:
+    /// then nothing is committed. By default the claim's row is completed,
+    /// then COMMIT.
     #[doc(hidden)]
-    fn tx_complete(
-        conn: &mut Self::Connection,
+    fn tx_commit(
+        mut tx: sqlx::Transaction<'static, Self>,
         queries: &Queries,
         args: ClaimArgs<'_>,
         outcome: &[u8],
         ttl_ms: i64,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send {
-        Self::complete(conn, queries, args.key_hash, args.owner, outcome, ttl_ms)
+        async move {
+            let done = Self::complete(&mut tx, queries, args.key_hash, args.owner, outcome, ttl_ms)
+                .await?;
+            if done {
+                tx.commit().await?;
+            } else {
+                tx.rollback().await?;
+            }
+            Ok(done)
+        }
     }
-
-    /// After the claim statement, on every path: sets how long the
-    /// handler's own statements wait for row locks (`timeout`).
-    #[doc(hidden)]
-    fn end_claim(
-        conn: &mut Self::Connection,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
     /// Whether `err` means a lock wait ran out (or a deadlock was broken):
     /// another transaction holds the key.

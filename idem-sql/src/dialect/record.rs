@@ -20,12 +20,10 @@ pub struct Queries {
     pub(crate) release: Arc<str>,
     pub(crate) renew: Arc<str>,
     pub(crate) purge: Arc<str>,
-    /// Where a transactional claim holds its key by a lock alone
-    /// (PostgreSQL): the completed row, inserted at commit or taking over an
-    /// expired one (key hash, key, fingerprint, outcome, ttl in ms).
-    /// `None` on the other databases, which complete the claim's row.
-    #[cfg(feature = "postgres")]
-    pub(crate) insert_completed: Option<Arc<str>>,
+    /// The table, for the scripts of transactional claims, written per
+    /// claim (`postgres/script.rs`, `sqlite/script.rs`).
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    pub(crate) table: Arc<str>,
 }
 
 /// The values a claim writes.
@@ -61,6 +59,9 @@ pub enum ClaimStep {
     Existing(RecordRow),
     /// The row vanished between statements (released or purged): try again.
     Vanished,
+    /// Another open transaction holds the key (a transactional claim only):
+    /// its lock, or on MySQL/MariaDB its uncommitted claim row.
+    Locked,
 }
 
 impl ClaimStep {
@@ -124,9 +125,27 @@ impl RecordRow {
 /// The methods whose Rust side is the same on every database: the SQL of
 /// each dialect takes the same parameters in the same order (read: key hash;
 /// complete: outcome, ttl in ms, key hash, owner; release: key hash,
-/// owner; renew: lease in ms, key hash, owner; purge: batch).
+/// owner; renew: lease in ms, key hash, owner; purge: batch). A dialect
+/// whose purge is more than its one statement (MySQL's, `mysql.rs`) writes
+/// its own and takes the rest with `shared_statements!(Conn, own purge)`.
 macro_rules! shared_statements {
     ($conn:ty) => {
+        $crate::dialect::shared_statements!($conn, own purge);
+
+        async fn purge(
+            conn: &mut $conn,
+            q: &Queries,
+            _table: &str,
+            batch: i64,
+        ) -> Result<u64, sqlx::Error> {
+            let done = sqlx::query(AssertSqlSafe(q.purge.clone()))
+                .bind(batch)
+                .execute(&mut *conn)
+                .await?;
+            Ok(done.rows_affected())
+        }
+    };
+    ($conn:ty, own purge) => {
         async fn read(
             conn: &mut $conn,
             q: &Queries,
@@ -185,14 +204,6 @@ macro_rules! shared_statements {
                 .execute(&mut *conn)
                 .await?;
             Ok(done.rows_affected() == 1)
-        }
-
-        async fn purge(conn: &mut $conn, q: &Queries, batch: i64) -> Result<u64, sqlx::Error> {
-            let done = sqlx::query(AssertSqlSafe(q.purge.clone()))
-                .bind(batch)
-                .execute(&mut *conn)
-                .await?;
-            Ok(done.rows_affected())
         }
     };
 }

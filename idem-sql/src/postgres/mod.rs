@@ -9,6 +9,8 @@ use std::time::Duration;
 use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Postgres, Row};
 
+mod script;
+
 use super::dialect::{
     ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, bind_all, has_code, record_row,
     run_migrations, sealed, shared_statements,
@@ -17,7 +19,7 @@ use idem_core::OwnerToken;
 
 const MIGRATIONS: &[(i64, &str)] = &[(
     1,
-    include_str!("../migrations/postgres/0001_create_records.sql"),
+    include_str!("../../migrations/postgres/0001_create_records.sql"),
 )];
 
 impl sealed::Sealed for Postgres {}
@@ -123,23 +125,7 @@ impl Dialect for Postgres {
                    LIMIT $1 FOR UPDATE SKIP LOCKED)"
             )
             .into(),
-            // A live row in the way (none can be there while the advisory
-            // lock is held, unless written past the store) inserts nothing:
-            // the caller rolls back.
-            insert_completed: Some(
-                format!(
-                    "INSERT INTO {table} AS r \
-                       (key_hash, idem_key, state, owner, fingerprint, outcome, expires_at) \
-                     VALUES ($1, $2, 'C', NULL, $3, $4, {ttl_end}) \
-                     ON CONFLICT (key_hash) DO UPDATE SET \
-                       idem_key = EXCLUDED.idem_key, state = 'C', owner = NULL, \
-                       fingerprint = EXCLUDED.fingerprint, outcome = EXCLUDED.outcome, \
-                       expires_at = EXCLUDED.expires_at, created_at = {now} \
-                     WHERE r.expires_at <= {now}",
-                    ttl_end = expires("$5"),
-                )
-                .into(),
-            ),
+            table: table.into(),
         }
     }
 
@@ -191,69 +177,77 @@ impl Dialect for Postgres {
 
     shared_statements!(PgConnection);
 
-    async fn begin_claim(
-        conn: &mut PgConnection,
-        key_hash: &[u8; 32],
-        timeout: Duration,
-    ) -> Result<bool, sqlx::Error> {
-        // A transaction-scoped advisory lock on the key, tried without
-        // waiting: held by the transaction that claimed the key until it
-        // commits or rolls back, and by nothing once its session is gone (a
-        // crashed process). One round trip, with the lock timeout.
-        let row = sqlx::query(
-            "SELECT pg_try_advisory_xact_lock($1), set_config('lock_timeout', $2, true)",
-        )
-        .bind(advisory_key(key_hash))
-        .bind(format!("{}ms", timeout.as_millis().max(1)))
-        .fetch_one(&mut *conn)
-        .await?;
-        row.try_get(0)
-    }
-
     async fn tx_claim(
         conn: &mut PgConnection,
         q: &Queries,
         args: ClaimArgs<'_>,
+        lock_timeout: Duration,
     ) -> Result<ClaimStep, sqlx::Error> {
-        // `begin_claim`'s advisory lock holds the key until the transaction
-        // ends, against every other transactional claim; so the claim only
-        // reads, in a statement after the lock's (its snapshot sees whatever
-        // the lock's last holder committed), and the row is written once, at
+        // The key's advisory lock holds it until the transaction ends,
+        // against every other transactional claim; so the claim only reads,
+        // in a statement after the lock's (its snapshot sees whatever the
+        // lock's last holder committed), and the row is written once, at
         // commit, completed. No row to update, no dead version of it left
-        // behind, and a crash leaves nothing to clean up.
-        Ok(match Self::read(conn, q, args.key_hash).await? {
+        // behind, and a crash leaves nothing to clean up. Lock and read go
+        // in one round trip (`script.rs`).
+        let (table, lock_id) = (&*q.table, advisory_key(args.key_hash));
+        let timeout_ms = lock_timeout.as_millis();
+        let script = script::claim(table, lock_id, args.key_hash, timeout_ms);
+        let rows = match sqlx::raw_sql(AssertSqlSafe(script))
+            .fetch_all(&mut *conn)
+            .await
+        {
+            Err(err) if has_code(&err, &[script::NOT_PREPARED]) => {
+                let script = script::prepare_and_claim(table, lock_id, args.key_hash, timeout_ms);
+                sqlx::raw_sql(AssertSqlSafe(script))
+                    .fetch_all(&mut *conn)
+                    .await?
+            }
+            rows => rows?,
+        };
+        let locked = rows
+            .first()
+            .map(|row| row.try_get::<bool, _>(0))
+            .transpose()?;
+        if locked != Some(true) {
+            return Ok(ClaimStep::Locked);
+        }
+        Ok(match rows.get(1).map(record_row).transpose()? {
             Some(row) if row.ms_left > 0 => ClaimStep::Existing(row),
-            // Absent or expired: `tx_complete` inserts or takes over.
+            // Absent or expired: `tx_commit` inserts the completed row.
             _ => ClaimStep::Acquired,
         })
     }
 
-    async fn tx_complete(
-        conn: &mut PgConnection,
+    async fn tx_commit(
+        mut tx: sqlx::Transaction<'static, Self>,
         q: &Queries,
         args: ClaimArgs<'_>,
         outcome: &[u8],
         ttl_ms: i64,
     ) -> Result<bool, sqlx::Error> {
-        let Some(insert) = &q.insert_completed else {
-            return Err(sqlx::Error::Protocol(
-                "PostgreSQL's statements have no insert of a completed row".into(),
-            ));
-        };
-        let done = sqlx::query(AssertSqlSafe(insert.clone()))
-            .bind(&args.key_hash[..])
-            .bind(args.key)
-            .bind(&args.fingerprint.as_bytes()[..])
-            .bind(outcome)
-            .bind(ttl_ms)
-            .execute(&mut *conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn end_claim(_: &mut PgConnection, _: Duration) -> Result<(), sqlx::Error> {
-        // begin_claim's lock timeout holds for the whole transaction.
-        Ok(())
+        let script = script::commit(
+            &q.table,
+            &script::Completed {
+                key_hash: args.key_hash,
+                key: args.key,
+                fingerprint: args.fingerprint.as_bytes(),
+                outcome,
+                ttl_ms,
+            },
+        );
+        match sqlx::raw_sql(AssertSqlSafe(script)).execute(&mut *tx).await {
+            // Committed; dropping `tx` rolls back the empty transaction
+            // the script began (`script::commit`).
+            Ok(_) => Ok(true),
+            // A live row in the way: the insert failed, nothing after it
+            // ran.
+            Err(err) if has_code(&err, &["23505"]) => {
+                tx.rollback().await?;
+                Ok(false)
+            }
+            Err(err) => Err(err),
+        }
     }
 
     fn is_lock_timeout(err: &sqlx::Error) -> bool {

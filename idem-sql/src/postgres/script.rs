@@ -1,0 +1,144 @@
+//! A transactional claim's statements, sent several to a round trip.
+//!
+//! sqlx waits for each statement's answer before it sends the next, and a
+//! prepared statement carries one statement. A simple query carries many:
+//! PostgreSQL runs them in order and answers them all in one round trip,
+//! each statement with a snapshot of its own (READ COMMITTED), so a read
+//! after a lock in the same query sees what the lock's last holder
+//! committed. So a transactional claim costs one round trip at its start
+//! (the key's lock and the read of its record) and none of its own at its
+//! end (the completed record goes with COMMIT).
+//!
+//! A simple query has no parameters: the values are written into its text.
+//! Only values the store makes go there, in forms that cannot end a
+//! literal: integers as digits, bytes and text as hexadecimal digits
+//! decoded by the server (`decode('…', 'hex')`, and `convert_from` for
+//! text), whatever `standard_conforming_strings` says. The table name is a
+//! checked identifier (`validate_identifier`). The fuzz target
+//! `fuzz/fuzz_targets/sql_script.rs` (which includes this file by path: it
+//! needs nothing but std) checks that no value changes a script's shape.
+
+use std::fmt::Write as _;
+
+/// `value` as a `bytea` expression.
+pub(crate) fn bytes(value: &[u8]) -> String {
+    let mut out = String::with_capacity(value.len() * 2 + 20);
+    out.push_str("decode('");
+    for byte in value {
+        // Writing to a String cannot fail.
+        let _ = write!(out, "{byte:02x}");
+    }
+    out.push_str("', 'hex')");
+    out
+}
+
+/// `value` as a `text` expression.
+pub(crate) fn text(value: &str) -> String {
+    format!("convert_from({}, 'UTF8')", bytes(value.as_bytes()))
+}
+
+/// The error PostgreSQL answers an `EXECUTE` of a statement the session
+/// has not prepared: `invalid_sql_statement_name`.
+pub(crate) const NOT_PREPARED: &str = "26000";
+
+/// The statements the scripts execute, prepared on a connection the first
+/// time a claim finds them missing there (`NOT_PREPARED`): PostgreSQL then
+/// plans them once per connection, as it does sqlx's own, instead of once
+/// per script. Prepared statements outlive the transaction they were
+/// prepared in, and are the session's: named after the table, so that
+/// stores of several tables share a pool.
+pub(crate) fn prepare(table: &str) -> String {
+    format!(
+        "PREPARE idem_read_{table} (bytea) AS \
+           SELECT state::text, owner, fingerprint, outcome, \
+             (EXTRACT(EPOCH FROM (expires_at - now())) * 1000)::int8 \
+           FROM {table} WHERE key_hash = $1; \
+         PREPARE idem_clear_{table} (bytea) AS \
+           DELETE FROM {table} WHERE key_hash = $1 AND expires_at <= now(); \
+         PREPARE idem_insert_{table} (bytea, text, bytea, bytea, bigint) AS \
+           INSERT INTO {table} \
+             (key_hash, idem_key, state, owner, fingerprint, outcome, expires_at) \
+           VALUES ($1, $2, 'C', NULL, $3, $4, now() + $5 * interval '1 millisecond')"
+    )
+}
+
+/// The start of a transactional claim, in the transaction just begun: the
+/// key's advisory lock `lock_id`, tried without waiting (held by the
+/// transaction until it ends, and by nothing once its session is gone); the
+/// lock timeout of the handler's statements, `timeout_ms`; then the key's
+/// record. Answers a row (locked, setting) and, if the key has a record, a
+/// row of it as the store's `select` reads it (state, owner, fingerprint,
+/// outcome, milliseconds left).
+pub(crate) fn claim(table: &str, lock_id: i64, key_hash: &[u8; 32], timeout_ms: u128) -> String {
+    format!(
+        "SELECT pg_try_advisory_xact_lock({lock_id}), \
+           set_config('lock_timeout', '{timeout_ms}ms', true); \
+         EXECUTE idem_read_{table}({hash})",
+        hash = bytes(key_hash),
+    )
+}
+
+/// [`claim`] on a connection that has not prepared the statements: the
+/// transaction the failed attempt aborted rolled back, a new one begun
+/// (sqlx's handle counts one transaction open throughout), the statements
+/// prepared, then the claim.
+pub(crate) fn prepare_and_claim(
+    table: &str,
+    lock_id: i64,
+    key_hash: &[u8; 32],
+    timeout_ms: u128,
+) -> String {
+    format!(
+        "ROLLBACK; BEGIN; {}; {}",
+        prepare(table),
+        claim(table, lock_id, key_hash, timeout_ms)
+    )
+}
+
+/// A transactional claim's completed record.
+pub(crate) struct Completed<'a> {
+    pub(crate) key_hash: &'a [u8; 32],
+    pub(crate) key: &'a str,
+    pub(crate) fingerprint: &'a [u8],
+    pub(crate) outcome: &'a [u8],
+    pub(crate) ttl_ms: i64,
+}
+
+/// The end of a transactional claim whose start found no live record: an
+/// expired record of the key deleted, the completed one inserted, COMMIT.
+/// A live record in the way (written past the lock, by a plain claim) makes
+/// the insert fail on the unique index, and the rest of the query is not
+/// run: nothing commits.
+///
+/// Then BEGIN: sqlx still counts the transaction as open, and rolls it back
+/// when its handle is dropped (with the check it runs on every connection
+/// given back to the pool, in the same round trip); what it rolls back is
+/// this empty transaction, which holds no snapshot and no lock.
+pub(crate) fn commit(table: &str, record: &Completed<'_>) -> String {
+    let hash = bytes(record.key_hash);
+    format!(
+        "EXECUTE idem_clear_{table}({hash}); \
+         EXECUTE idem_insert_{table}({hash}, {key}, {fingerprint}, {outcome}, {ttl_ms}); \
+         COMMIT; \
+         BEGIN",
+        key = text(record.key),
+        fingerprint = bytes(record.fingerprint),
+        outcome = bytes(record.outcome),
+        ttl_ms = record.ttl_ms,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_are_hex_digits_between_quotes() {
+        assert_eq!(bytes(b"\x00'\\"), "decode('00275c', 'hex')");
+        assert_eq!(
+            text("a'); DROP TABLE t; --"),
+            "convert_from(decode('6127293b2044524f50205441424c4520743b202d2d', 'hex'), 'UTF8')"
+        );
+        assert_eq!(bytes(b""), "decode('', 'hex')");
+    }
+}

@@ -1,0 +1,142 @@
+//! Round trips to PostgreSQL, counted on the wire: a TCP proxy between the
+//! app and the server that counts the times the client speaks after the
+//! server has answered. What a client sends without waiting in between (a
+//! simple query of several statements, or a queued ROLLBACK sent with the
+//! next Sync) is one round trip, however many answers come back.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A proxy in front of a PostgreSQL server, counting round trips.
+#[derive(Debug, Clone)]
+pub struct RoundTrips {
+    addr: SocketAddr,
+    count: Arc<AtomicU64>,
+}
+
+impl RoundTrips {
+    /// Proxies to the server of `url` (a `postgres://` URL).
+    pub async fn proxy(url: &str) -> Self {
+        let upstream = host_port(url);
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let addr = listener.local_addr().expect("an address");
+        let count = Arc::new(AtomicU64::new(0));
+        let counted = count.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let upstream = upstream.clone();
+                let count = counted.clone();
+                tokio::spawn(async move {
+                    if let Ok(server) = TcpStream::connect(&upstream).await {
+                        forward(client, server, count).await;
+                    }
+                });
+            }
+        });
+        Self { addr, count }
+    }
+
+    /// `url` with its host and port replaced by the proxy's, and TLS off
+    /// (the count reads the server's messages in the clear).
+    pub fn url(&self, url: &str) -> String {
+        let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let user = authority
+            .rsplit_once('@')
+            .map(|(user, _)| format!("{user}@"))
+            .unwrap_or_default();
+        let separator = if path.contains('?') { '&' } else { '?' };
+        format!(
+            "{scheme}://{user}{}/{path}{separator}sslmode=disable",
+            self.addr
+        )
+    }
+
+    /// Round trips so far, once the count has been still for a while (a
+    /// connection given back to the pool is checked in a task of its own,
+    /// just after the request that used it has been answered).
+    pub async fn settled(&self) -> u64 {
+        let mut last = self.count.load(Ordering::SeqCst);
+        loop {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            let now = self.count.load(Ordering::SeqCst);
+            if now == last {
+                return now;
+            }
+            last = now;
+        }
+    }
+}
+
+/// The `host:port` of a `postgres://` URL.
+fn host_port(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if host.contains(':') {
+        host.to_owned()
+    } else {
+        format!("{host}:5432")
+    }
+}
+
+/// Copies both ways, counting the client's sends that follow an answer.
+async fn forward(client: TcpStream, server: TcpStream, count: Arc<AtomicU64>) {
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    // Whether the server has sent anything since the client last did.
+    let answered = Arc::new(AtomicBool::new(true));
+    let heard = answered.clone();
+    let upstream = tokio::spawn(async move {
+        let mut buf = vec![0; 64 * 1024];
+        loop {
+            let n = match client_read.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if heard.swap(false, Ordering::SeqCst) {
+                count.fetch_add(1, Ordering::SeqCst);
+            }
+            if server_write.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+        let _ = server_write.shutdown().await;
+    });
+    let mut buf = vec![0; 64 * 1024];
+    loop {
+        let n = match server_read.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        // Before the client can see the answer and speak again.
+        answered.store(true, Ordering::SeqCst);
+        if client_write.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    upstream.abort();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_proxy_url_keeps_user_and_database() {
+        let trips = RoundTrips {
+            addr: "127.0.0.1:7000".parse().unwrap(),
+            count: Arc::default(),
+        };
+        assert_eq!(
+            trips.url("postgres://postgres@127.0.0.1:5432/test"),
+            "postgres://postgres@127.0.0.1:7000/test?sslmode=disable"
+        );
+        assert_eq!(host_port("postgres://u:p@db/x"), "db:5432");
+    }
+}
