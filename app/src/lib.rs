@@ -1,5 +1,5 @@
 //! idem's reference app and its companions. [`orders`] is the reference
-//! app (README.md, "The reference app"): run it with
+//! app (docs/reference-app.md): run it with
 //! `cargo run -p idem-app --bin orders`.
 //! On SQL it enqueues an `order.created` event per order in idem's
 //! transactional outbox, which the `relay` binary publishes to NATS

@@ -1,7 +1,7 @@
 //! A message consumer deduplicating with the inbox guard: each message's
 //! effect and its inbox row commit in one transaction, so a redelivery, a
 //! re-publication under a new message id and a retry after a failure all
-//! leave one effect (README.md, "Business-side guards").
+//! leave one effect (docs/guards.md, "The inbox: idempotent consumers").
 //!
 //! ```text
 //! cargo run -p idem-examples --example inbox_consumer

@@ -1,7 +1,7 @@
 //! A payment provider's callback: keyed by the payment number and shared by
 //! every caller (`pay-callback:{path:payment_no}`), with the state-machine
 //! guard behind it, so a callback that outlives its idempotency record
-//! still credits the ledger once (README.md, "Business-side guards").
+//! still credits the ledger once (docs/guards.md).
 //!
 //! ```text
 //! cargo run -p idem-examples --example payment_callback

@@ -1,6 +1,6 @@
 //! Transactional mode on PostgreSQL: the idempotency claim, the handler's
 //! writes through the `Tx` extractor and the stored response commit in one
-//! transaction, or not at all (README.md, "Transactional mode").
+//! transaction, or not at all (docs/transactional.md).
 //!
 //! ```text
 //! cargo run -p idem-examples --example postgres_transactional

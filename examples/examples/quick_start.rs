@@ -35,7 +35,7 @@ async fn create_charge(Json(request): Json<Value>) -> (StatusCode, Json<Value>) 
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The handle lives in the router state (or comes from it through
     // `FromRef`). A real app also binds each record to its caller with
-    // `Idempotency::builder(store).tenant(...).user(...)`: README.md, "Keys".
+    // `Idempotency::builder(store).tenant(...).user(...)`: docs/keys.md.
     let app = Router::new()
         .route("/charges", post(create_charge))
         .with_state(Idempotency::new(MemoryStore::new()));

@@ -1,7 +1,7 @@
 //! The Redis gate: a `TieredStore` with `RedisStore` in front of `PgStore`.
 //! Redis answers duplicates in one round trip; PostgreSQL's unique index
 //! stays the source of truth, and takes over alone if Redis fails
-//! (README.md, "The Redis gate and the tiered store").
+//! (docs/redis-gate.md).
 //!
 //! ```text
 //! cargo run -p idem-examples --example redis_gate

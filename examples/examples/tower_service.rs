@@ -1,6 +1,6 @@
 //! The plain `IdempotencyLayer` on a tower service that is not axum: a
 //! `service_fn` over `http` requests, its key naming a path parameter that
-//! `.route(...)` tells the layer how to find (README.md, "Keys").
+//! `.route(...)` tells the layer how to find (docs/keys.md).
 //!
 //! ```text
 //! cargo run -p idem-examples --example tower_service

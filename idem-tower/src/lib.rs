@@ -91,13 +91,31 @@
 //! | store | feature | use |
 //! |---|---|---|
 //! | [`MemoryStore`] | `memory` (default) | one process, tests, development |
-//! | `PgStore`, `MySqlStore`, `SqliteStore` | `postgres`, `mysql`, `sqlite` | the source of truth: one row per key under a unique index, on your own sqlx pool; `store.migrate().await?` creates the table; `PgStore::builder(pool)` sets the table, the lock timeout and the open transaction limit |
+//! | `PgStore`, `MySqlStore`, `SqliteStore` | `postgres`, `mysql`, `sqlite` | the source of truth: one row per key under a unique index, on your own sqlx pool; `store.migrate().await?` creates the table; `PgStore::builder(pool)` sets the table, the lock timeout and the open transaction limit; `store.purge_in_background(...)` deletes expired records (below) |
 //! | `RedisStore` | `redis` | the fast gate: one round trip per claim; alone only where losing a key is acceptable |
 //! | `TieredStore::new(gate, truth)` | `redis` + a SQL feature | Redis in front of a SQL store: duplicates answered by Redis, SQL's unique index the bottom line; Redis failures degrade to SQL alone; `TieredStore::builder(gate, truth)` sets the gate timeout, the breaker and an in-process cache |
 //!
 //! idem-core's docs for each store (`idem_tower::sql`,
 //! `idem_tower::redis`, `idem_tower::redis::tiered`) give the details:
 //! tables, scripts, the circuit breaker.
+//!
+//! A SQL store deletes its expired records with a background purge,
+//! started once and stopped with its handle (dropping it stops it too);
+//! every instance may run one:
+//!
+//! ```no_run
+//! # #[cfg(feature = "postgres")]
+//! # async fn run(pool: idem_tower::sql::sqlx::PgPool) -> Result<(), idem_tower::Error> {
+//! use idem_tower::PgStore;
+//! use idem_tower::sql::PurgeOptions;
+//!
+//! let store = PgStore::new(pool);
+//! store.migrate().await?;
+//! let purge = store.purge_in_background(PurgeOptions::default()); // every minute
+//! // ... build the router on `store` and serve; at shutdown:
+//! purge.stop().await;
+//! # Ok(()) }
+//! ```
 //!
 //! # Leases
 //!
@@ -142,9 +160,10 @@
 //! Requests are counted by outcome and route pattern
 //! (`idem_requests_total{outcome, route}`), claims timed
 //! (`idem_claim_seconds{route}`) and lease renewals counted
-//! (`idem_lease_renewals_total{result, route}`: `ok`, `failed`, `lost`)
-//! through the [metrics] facade: install any recorder, such as
-//! `metrics-exporter-prometheus`. The keys duplicates
+//! (`idem_lease_renewals_total{result, route}`: `ok`, `failed`, `lost`),
+//! and the SQL stores' purges count the expired records they delete
+//! (`idem_records_purged_total`), through the [metrics] facade: install
+//! any recorder, such as `metrics-exporter-prometheus`. The keys duplicates
 //! hit most come from [`Idempotency::top_duplicated_keys`]. Spans and events go
 //! through `tracing`, with keys as short hashes, never request bodies.
 //!
@@ -267,9 +286,3 @@ pub use idem_macros::idempotent;
 #[doc(hidden)]
 #[path = "private.rs"]
 pub mod __private;
-
-/// README.md's Rust snippets, compiled and run as doc tests so that the
-/// README cannot drift from the API.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-pub struct ReadmeDoctests;

@@ -12,6 +12,7 @@ mod call;
 pub mod fault_proxy;
 mod harness;
 pub mod pg_stats;
+pub mod pg_wire;
 pub mod prometheus;
 mod reply;
 
@@ -19,6 +20,74 @@ pub use backend::Backend;
 pub use call::{Call, order};
 pub use harness::{Harness, Transport, Via};
 pub use reply::Reply;
+
+/// README.md's Rust snippets, compiled as doc tests so that the README
+/// cannot drift from the API. They live here rather than in idem-tower, whose
+/// published package holds its own directory only (the workspace's README is
+/// outside it).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
+/// idem-tower/README.md's snippet (its crates.io page), compiled likewise,
+/// with the features it names.
+#[cfg(doctest)]
+#[doc = include_str!("../../idem-tower/README.md")]
+pub struct TowerReadmeDoctests;
+
+/// The guides' Rust snippets (`docs/*.md`, one struct per guide), compiled
+/// likewise: README.md's map of the guides lists them.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/attribute.md")]
+pub struct AttributeGuideDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/keys.md")]
+pub struct KeysGuideDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/stores.md")]
+pub struct StoresGuideDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/transactional.md")]
+pub struct TransactionalGuideDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/redis-gate.md")]
+pub struct RedisGateGuideDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/leases-and-crashes.md")]
+pub struct LeasesAndCrashesGuideDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/metrics.md")]
+pub struct MetricsGuideDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/client.md")]
+pub struct ClientGuideDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/guards.md")]
+pub struct GuardsGuideDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/grpc.md")]
+pub struct GrpcGuideDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/operations.md")]
+pub struct OperationsGuideDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/reference-app.md")]
+pub struct ReferenceAppGuideDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/development.md")]
+pub struct DevelopmentGuideDoctests;
 
 /// A random hex nonce.
 pub fn nonce() -> String {

@@ -49,8 +49,8 @@ pub struct Faults {
     /// claim is let go so the client may retry.
     pub handler_failures: u8,
     /// Ticks of the clock past the lease of a live plain claim: a process
-    /// paused, or its renewals starved, for a whole lease (README.md, "A
-    /// handler can still outlive its lease"). Without stalls a live owner's
+    /// paused, or its renewals starved, for a whole lease
+    /// (docs/leases-and-crashes.md, "A handler can still outlive its lease"). Without stalls a live owner's
     /// renewals land in time.
     pub stalls: u8,
 }

@@ -99,10 +99,11 @@
 //! | "The three layers", failure policy: Redis down degrades to SQL, still exactly once; a key Redis lost is a duplicate SQL catches | 1, 3 under [`Faults::redis_errors`] and [`Faults::redis_losses`]; reached: [`SQL_CATCHES_LOST_KEY`] | |
 //! | "The three layers", liveness: a transactional claim lives as long as its transaction, a plain one by its lease; a crashed request's key frees with its session, behind the gate too | 4, [`NO_KEY_HELD_BY_THE_DEAD`]; reached: [`TAKEOVER_AFTER_CRASH`] | [`Bug::GateTrustedWithoutSqlOnTxClaim`] |
 //! | "The three layers": SQL is the truth, the gate answers only what it can know (a replay of a completed record, a claim in flight) | 5, [`COMMITTED_NEVER_REFUSED`] | [`Bug::GateTrustsMismatch`] (found in the real code by this model, fixed in `idem-redis/src/tiered/mod.rs`) |
-//! | README.md, "Without transactional mode, know the limit" | property 1's one exception; reached: [`PLAIN_EFFECT_MADE_AGAIN`] | |
+//! | docs/leases-and-crashes.md, "Without transactional mode, know the limit" | property 1's one exception; reached: [`PLAIN_EFFECT_MADE_AGAIN`] | |
 //! | "The five rounds" | reached: [`REPLAYED`] (1); concurrent copies and retries (2); a failing or crashed first attempt, then a retry (3); Redis failing and losing keys (4); two instances (5) | |
 //!
-//! Property 1 has one exception, in plain mode only, which README.md states:
+//! Property 1 has one exception, in plain mode only, which
+//! docs/leases-and-crashes.md states:
 //! a plain claim abandoned past its effect (its owner crashed between the
 //! effect and the completion, or outlived its lease) is taken over once its
 //! lease runs out, and the retry makes the effect again. The exception is

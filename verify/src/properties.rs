@@ -9,8 +9,9 @@ use crate::config::{IdemModel, Mode};
 use crate::state::{Record, Reply, State, bit};
 
 /// Property 1: at most one committed effect per key, ever. In plain mode a
-/// claim abandoned past its effect is the one exception, which README.md
-/// states ("Without transactional mode, know the limit"): its owner crashed
+/// claim abandoned past its effect is the one exception, which
+/// docs/leases-and-crashes.md states ("Without transactional mode, know the
+/// limit"): its owner crashed
 /// between the effect and the completion, or outlived its lease, and a
 /// retry that takes the key over makes the effect again.
 pub const AT_MOST_ONE_EFFECT: &str = "at most one committed effect per key";
@@ -45,8 +46,7 @@ pub const TAKEOVER_AFTER_CRASH: &str = "a crashed owner's key is taken over";
 pub const SQL_CATCHES_LOST_KEY: &str = "SQL catches a duplicate of a key Redis lost";
 /// Reached (plain mode): a claim abandoned past its effect is taken over and
 /// the effect made again: the exception to property 1 is not vacuous.
-pub const PLAIN_EFFECT_MADE_AGAIN: &str =
-    "plain mode: an abandoned claim's effect is made again (README: know the limit)";
+pub const PLAIN_EFFECT_MADE_AGAIN: &str = "plain mode: an abandoned claim's effect is made again (docs/leases-and-crashes.md: know the limit)";
 
 /// The properties of `model`: the five invariants, and the `sometimes` ones
 /// its configuration can reach (a takeover needs a crash, a catch needs a

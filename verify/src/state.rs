@@ -279,7 +279,8 @@ pub(crate) struct Ghost {
     pub(crate) dead: u16,
     /// The keys (bit per key) of a plain claim abandoned past its effect:
     /// its owner crashed between the effect and the completion, or its live
-    /// owner outlived its lease (a stall). README.md, "know the limit".
+    /// owner outlived its lease (a stall). docs/leases-and-crashes.md,
+    /// "Without transactional mode, know the limit".
     pub(crate) abandoned: u8,
     /// The keys (bit per key) Redis lost at least once.
     pub(crate) lost: u8,
