@@ -85,7 +85,11 @@ impl IdemModel {
                         });
                     }
                 }
-                then.step()
+                let Some(next) = then.step() else {
+                    state.instances[i] = None;
+                    return;
+                };
+                next
             }
             Step::Handler => {
                 if self.mode == Mode::Plain {
@@ -113,7 +117,14 @@ impl IdemModel {
                     if stores::commit(&mut key.sql, now, fingerprint, response) {
                         state.ghost.effects[k] += 1;
                         state.ghost.committed |= bit(token);
-                        Step::GateWrite(GateWrite::Complete(response), self.after_commit(response))
+                        match self.after_commit(response) {
+                            // Answered once committed; the gate completed
+                            // after, on a task.
+                            Then::Answer(reply) => {
+                                Step::AnswerThen(reply, GateWrite::Complete(response))
+                            }
+                            then => Step::GateWrite(GateWrite::Complete(response), then),
+                        }
                     } else {
                         // Nothing committed, the effect included: 503.
                         Step::Answer(Reply::Failed)
@@ -137,6 +148,10 @@ impl IdemModel {
                 state.clients[usize::from(attempt.client)].deliver(reply);
                 state.instances[i] = None;
                 return;
+            }
+            Step::AnswerThen(reply, write) => {
+                state.clients[usize::from(attempt.client)].deliver(reply);
+                Step::GateWrite(write, Then::Done)
             }
         };
         state.instances[i] = Some(Attempt {
@@ -269,7 +284,13 @@ impl IdemModel {
                 }
                 Step::SqlClaim(Gate::Skipped)
             }
-            Step::GateWrite(_, then) => then.step(),
+            Step::GateWrite(_, then) => match then.step() {
+                Some(next) => next,
+                None => {
+                    state.instances[i] = None;
+                    return;
+                }
+            },
             step => unreachable!("no Redis command at {step:?}"),
         };
         state.instances[i] = Some(Attempt {
@@ -350,12 +371,13 @@ impl IdemModel {
 }
 
 impl Then {
-    /// The step this continuation is.
-    fn step(self) -> Step {
+    /// The step this continuation is; `None` once the attempt is over.
+    fn step(self) -> Option<Step> {
         match self {
-            Self::Handler => Step::Handler,
-            Self::Answer(reply) => Step::Answer(reply),
-            Self::SqlRelease(reply) => Step::SqlRelease(reply),
+            Self::Handler => Some(Step::Handler),
+            Self::Answer(reply) => Some(Step::Answer(reply)),
+            Self::SqlRelease(reply) => Some(Step::SqlRelease(reply)),
+            Self::Done => None,
         }
     }
 }

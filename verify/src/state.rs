@@ -184,6 +184,9 @@ pub(crate) enum Then {
     Answer(Reply),
     /// Releases the SQL claim, then answers (after a commit: [`Bug::ReleaseAfterCommit`](crate::Bug::ReleaseAfterCommit)).
     SqlRelease(Reply),
+    /// Nothing: the attempt was answered before its gate write, which ran
+    /// on a task of its own (a transactional commit's gate completion).
+    Done,
 }
 
 /// The next step of an attempt: each one atomic step against one store, or
@@ -208,6 +211,11 @@ pub(crate) enum Step {
     Rollback,
     /// The answer to the client.
     Answer(Reply),
+    /// The answer to the client, then a write to the gate that the instance
+    /// makes on a task (the gate's completion after a transactional commit:
+    /// `idem-redis/src/tiered/transactional.rs`). The attempt keeps its
+    /// instance until that write is made, fails or the instance crashes.
+    AnswerThen(Reply, GateWrite),
 }
 
 /// An attempt an instance is serving.

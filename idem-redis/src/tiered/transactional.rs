@@ -153,11 +153,23 @@ where
         Box::pin(async move {
             let tx = self.tx.take().expect("a transaction until it ends");
             tx.commit(outcome, ttl).await?;
-            let gate = &self.store.inner.gate;
-            let _ = self
-                .store
-                .on_gate(gate.complete(&self.key, &self.owner, outcome, ttl))
-                .await;
+            // Committed: the truth holds the outcome, and the request is
+            // answered without waiting for Redis. The gate is completed on a
+            // task; until it is, a duplicate that meets the gate's in-flight
+            // record asks the truth, which replays (and re-warms the gate),
+            // as after a completion Redis failed or lost.
+            let (store, key, owner) = (self.store.clone(), self.key.clone(), self.owner);
+            let outcome = outcome.clone();
+            let complete = async move {
+                let gate = &store.inner.gate;
+                let _ = store
+                    .on_gate(gate.complete(&key, &owner, &outcome, ttl))
+                    .await;
+            };
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn(complete)),
+                Err(_) => complete.await,
+            }
             Ok(())
         })
     }
