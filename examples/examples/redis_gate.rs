@@ -17,7 +17,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::{Json, Router, http::StatusCode, routing::post};
-use idem_tower::redis::redis;
+use idem_tower::redis::redis::{self, IntoConnectionInfo, io::tcp::TcpSettings};
 use idem_tower::sql::sqlx::PgPool;
 use idem_tower::{Idempotency, PgStore, RedisStore, TieredStore, idempotent};
 use serde_json::{Value, json};
@@ -39,9 +39,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let database_url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
 
-    let redis = redis::Client::open(redis_url)?
-        .get_connection_manager()
-        .await?;
+    // TCP_NODELAY on, which redis-rs leaves off (docs/redis-gate.md).
+    let redis = redis_url
+        .into_connection_info()?
+        .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+    let redis = redis::Client::open(redis)?.get_connection_manager().await?;
     let sql = PgStore::new(PgPool::connect(&database_url).await?);
     sql.migrate().await?;
     let store = TieredStore::new(RedisStore::new(redis), sql);

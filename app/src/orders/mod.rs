@@ -41,8 +41,8 @@ use std::sync::Arc;
 use axum::extract::FromRef;
 use idem_tower::core::IdempotencyStore;
 use idem_tower::redis::SentinelConnection;
-use idem_tower::redis::redis;
 use idem_tower::redis::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use idem_tower::redis::redis::{self, IntoConnectionInfo, io::tcp::TcpSettings};
 use idem_tower::redis::tiered::TierCounters;
 use idem_tower::sql::{PurgeOptions, PurgeTask};
 use idem_tower::{
@@ -146,7 +146,12 @@ impl App {
                 handle_on(records.as_ref(), Some(gate))
             }
             Some(url) => {
-                let client = redis::Client::open(url)?;
+                // TCP_NODELAY on, which redis-rs leaves off
+                // (docs/redis-gate.md, "Turn Nagle off").
+                let info = url
+                    .into_connection_info()?
+                    .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+                let client = redis::Client::open(info)?;
                 let lazy = client.get_connection_manager_lazy(ConnectionManagerConfig::new())?;
                 let gate = RedisStore::new(lazy);
                 warn_if_unreachable(&gate).await;

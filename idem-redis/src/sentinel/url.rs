@@ -1,6 +1,7 @@
 //! `redis+sentinel://[user:password@]host:port[,host:port...]/SERVICE_NAME[/DB]`
 //! URLs: parsed, checked, and turned into a redis-rs sentinel client.
 
+use ::redis::io::tcp::TcpSettings;
 use ::redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use ::redis::{ConnectionAddr, ErrorKind, RedisError, RedisResult};
 
@@ -110,8 +111,13 @@ impl SentinelUrl {
             .sentinels
             .into_iter()
             .map(|(host, port)| ConnectionAddr::Tcp(host, port));
+        // TCP_NODELAY on the primary's connection, which redis-rs leaves
+        // off: a command written while the one before it on the shared
+        // connection awaits its answer would otherwise wait for that
+        // answer's ACK, a network round trip more (docs/redis-gate.md).
         let mut builder =
-            SentinelClientBuilder::new(sentinels, &self.service, SentinelServerType::Master)?;
+            SentinelClientBuilder::new(sentinels, &self.service, SentinelServerType::Master)?
+                .set_client_to_redis_tcp_settings(TcpSettings::default().set_nodelay(true));
         if let Some(username) = self.username {
             builder = builder.set_client_to_redis_username(username);
         }
