@@ -108,7 +108,10 @@ async fn connections(ctx: &Ctx, job: &Job, addr: SocketAddr, tag: &str) -> Resul
                 cookie,
             })
             .collect(),
-        Mode::Duplicate if matches!(job.kind, Kind::Peer) => {
+        // Each connection replays a completed key of its own: a duplicate
+        // is one request's retry, not a crowd on one key (which transactional
+        // stores answer from one shared check in the process).
+        Mode::Duplicate => {
             let mut conns = Vec::with_capacity(n);
             for (i, cookie) in cookies.into_iter().enumerate() {
                 let key = key(format!("dup-{}-{tag}-{i}", ctx.nonce));
@@ -116,12 +119,6 @@ async fn connections(ctx: &Ctx, job: &Job, addr: SocketAddr, tag: &str) -> Resul
                 requests += 2;
             }
             conns
-        }
-        Mode::Duplicate => {
-            let key = key(format!("dup-{}-{tag}", ctx.nonce));
-            let conn = duplicate(addr, key, None, &fixed, &replay_header).await?;
-            requests += 2;
-            vec![conn; n]
         }
     };
     Ok(Setup { conns, requests })
