@@ -16,7 +16,7 @@ use super::Env;
 use crate::stats::Counted;
 
 /// A SQLite pool on `path` in WAL mode, syncing the disk at every commit
-/// (`full`) or at checkpoints only, set up as the README advises.
+/// (`full`) or at checkpoints only, set up as docs/operations.md advises.
 pub(super) async fn sqlite_pool(path: &Path, pool: u32, full: bool) -> Result<SqlitePool, String> {
     let synchronous = if full {
         SqliteSynchronous::Full
