@@ -181,7 +181,7 @@ use idem_core::{Claim, Error, ErrorKind, Fingerprint, IdempotencyKey, OwnerToken
 
 /// The table records go in unless configured otherwise.
 pub const DEFAULT_TABLE: &str = "idem_records";
-/// How long a transactional claim waits on another transaction's row.
+/// How long a transactional claim waits on another transaction's row: 5 s.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 /// How many times a claim retries a row that vanished or expired between
 /// its statements, before it reports the store unavailable.
