@@ -381,3 +381,54 @@ async fn a_copy_overtaken_on_its_way_to_sql_is_not_counted_as_caught() {
         "the gate holds the winner's answer"
     );
 }
+
+/// A transactional commit answers before the gate's completion, which
+/// follows on a task: a duplicate that meets the committed request's
+/// in-flight gate record meanwhile (planted here as it stands until the
+/// completion lands, or for good if the process dies first) is replayed
+/// from SQL, and the gate is re-warmed with the completed record, so the
+/// next duplicate is answered by Redis alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_duplicate_before_the_gates_completion_is_replayed_from_sql() {
+    use idem_core::Duplicate;
+    use idem_core::{TransactionalStore, TxClaim};
+
+    let Some(store) = tiered().await else { return };
+    let Some(truth) = truth().await else { return };
+    let Some(redis) = gate(&redis_url()).await else {
+        return;
+    };
+    let key = key("tx-before-gate-completion");
+    // Committed in SQL; the gate holds the first's in-flight record.
+    let first = OwnerToken::generate();
+    let TxClaim::Open(tx) = truth
+        .claim_in_transaction(&key, &FP, LONG, first)
+        .await
+        .expect("PostgreSQL answers")
+    else {
+        panic!("a fresh key is free");
+    };
+    assert_eq!(
+        redis.claim(&key, &FP, LONG, first).await.unwrap(),
+        Claim::Acquired(first)
+    );
+    let outcome = Outcome::NotReplayable;
+    tx.commit(&outcome, LONG).await.expect("commit");
+
+    let duplicate = store
+        .claim_in_transaction(&key, &FP, LONG, OwnerToken::generate())
+        .await
+        .expect("the stores answer");
+    assert!(
+        matches!(&duplicate, TxClaim::Duplicate(Duplicate::Replay(o)) if *o == outcome),
+        "replayed from SQL, not told in flight: {duplicate:?}"
+    );
+    assert_eq!(
+        redis
+            .claim(&key, &FP, LONG, OwnerToken::generate())
+            .await
+            .unwrap(),
+        Claim::Replay(outcome),
+        "the gate re-warmed with the completed record"
+    );
+}

@@ -528,3 +528,65 @@ async fn postgres_transactional_claims_write_their_record_at_commit() {
         .unwrap();
     assert_eq!(replay, Claim::Replay(outcome("new")));
 }
+
+/// SQLite's transactional completion and COMMIT go in one script whose
+/// guard fails unless the completion changed the claim's own row: a claim
+/// whose row is gone at commit (here deleted through its own transaction)
+/// commits nothing, its effect included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_commit_without_the_claims_row_commits_nothing() {
+    use idem_core::{Fingerprint, IdempotencyKey, OwnerToken, TransactionalStore, TxClaim};
+    use idem_sql::sqlx::{self, Sqlite};
+
+    let Some(store) = sqlite().await else { return };
+    let pool = store.pool().clone();
+    sqlx::query("CREATE TABLE IF NOT EXISTS idem_test_fence_effects (k TEXT NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let effect = format!("fence-{:016x}", rand_u64());
+    let key = IdempotencyKey::new("idem-test:", &effect);
+    let TxClaim::Open(tx) = store
+        .claim_in_transaction(
+            &key,
+            &Fingerprint::from_bytes([6; 32]),
+            Duration::from_secs(30),
+            OwnerToken::generate(),
+        )
+        .await
+        .unwrap()
+    else {
+        panic!("a fresh key is acquired");
+    };
+    {
+        let handle = tx.handle();
+        let mut guard = handle.get::<TxSlot<Sqlite>>().unwrap().lock().await;
+        let conn = &mut **guard.as_mut().unwrap();
+        sqlx::query("INSERT INTO idem_test_fence_effects (k) VALUES (?1)")
+            .bind(&effect)
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DELETE FROM {} WHERE idem_key = ?1",
+            store.table()
+        )))
+        .bind(key.as_str())
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    }
+    assert!(
+        tx.commit(&done_outcome(), Duration::from_secs(30))
+            .await
+            .is_err(),
+        "refused"
+    );
+    let effects: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM idem_test_fence_effects WHERE k = ?1")
+            .bind(&effect)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(effects, 0, "rolled back");
+}
