@@ -32,8 +32,9 @@ fn bytes<const N: usize>(data: &[u8], salt: u8) -> [u8; N] {
 }
 
 /// The script with every quoted literal emptied and every number written
-/// `N`; panics if a literal holds anything but hexadecimal digits, except
-/// the fixed words the scripts quote.
+/// `N`; panics if a literal holds anything but hexadecimal digits (after
+/// the `\\x` of a PostgreSQL `bytea`), except the fixed words the scripts
+/// quote.
 fn shape(script: &str) -> String {
     let mut out = String::new();
     let mut rest = script;
@@ -42,8 +43,11 @@ fn shape(script: &str) -> String {
         let after = &rest[open + 1..];
         let close = after.find('\'').expect("every quote is closed");
         let literal = &after[..close];
-        let fixed = ["hex", "UTF8", "C", "I", "lock_timeout", "now", "1 millisecond"];
-        let hex = literal.bytes().all(|b| b.is_ascii_hexdigit());
+        let fixed = ["UTF8", "C", "I", "lock_timeout", "now", "1 millisecond"];
+        // PostgreSQL's bytes are an escape string `E'\\x…'`, SQLite's a
+        // blob `X'…'`.
+        let digits = literal.strip_prefix(r"\\x").unwrap_or(literal);
+        let hex = digits.bytes().all(|b| b.is_ascii_hexdigit());
         let timeout = literal
             .strip_suffix("ms")
             .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));

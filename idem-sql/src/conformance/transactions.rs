@@ -12,7 +12,7 @@ use super::{
 use crate::SqlStore;
 use idem_core::TxClaim;
 use idem_core::conformance::{LONG, duplicate};
-use idem_core::{Claim, Duplicate};
+use idem_core::{Claim, Duplicate, IdempotencyStore, Outcome, OwnerToken, StoredResponse};
 
 /// Commit makes the business write and the outcome durable together.
 pub async fn commit_keeps_writes_and_outcome<DB: TestSql>(store: Arc<SqlStore<DB>>) {
@@ -178,4 +178,49 @@ pub async fn keys_and_outcomes_of_any_bytes_round_trip<DB: TestSql>(store: Arc<S
         .await;
         assert_eq!(stored, 1, "{name:?}: the key stored as it is");
     }
+}
+
+/// A record whose time is up, completed or abandoned in flight, is taken
+/// over by the next transactional claim: its handler runs, and what it
+/// commits replaces the old record.
+pub async fn an_expired_record_is_taken_over_in_a_transaction<DB: TestSql>(
+    store: Arc<SqlStore<DB>>,
+) {
+    let short = Duration::from_millis(300);
+    let past_short = Duration::from_millis(1100);
+    let again = || {
+        Outcome::Response(StoredResponse::new(
+            http::StatusCode::OK,
+            http::HeaderMap::new(),
+            "again",
+        ))
+    };
+    // Completed, kept for `short` only.
+    let (completed, nonce) = fresh_case(&store, "tx-expired").await;
+    claim_and_write(&store, &completed, &nonce)
+        .await
+        .commit(&response(), short)
+        .await
+        .unwrap();
+    // Claimed outside a transaction by an owner that never came back.
+    let (abandoned, _) = fresh_case(&store, "tx-expired").await;
+    let claim = store
+        .claim(&abandoned, &fp(), short, OwnerToken::generate())
+        .await
+        .unwrap();
+    assert!(matches!(claim, Claim::Acquired(_)), "{claim:?}");
+    tokio::time::sleep(past_short).await;
+    for (what, key) in [("completed", &completed), ("abandoned", &abandoned)] {
+        claim_and_write(&store, key, &nonce)
+            .await
+            .commit(&again(), LONG)
+            .await
+            .unwrap_or_else(|err| panic!("{what}: the takeover commits: {err}"));
+        assert_eq!(
+            duplicate(&*store, key, &fp()).await,
+            Claim::Replay(again()),
+            "{what}"
+        );
+    }
+    assert_eq!(effects(store.pool(), &nonce).await, 3);
 }

@@ -9,32 +9,31 @@
 //! (the key's lock and the read of its record) and none of its own at its
 //! end (the completed record goes with COMMIT).
 //!
-//! A simple query has no parameters: the values are written into its text.
+//! A simple query has no parameters: the values are written into its text,
+//! as the arguments of statements prepared once per connection (below), so
+//! that PostgreSQL parses a short `EXECUTE` and plans nothing per script.
 //! Only values the store makes go there, in forms that cannot end a
-//! literal: integers as digits, bytes and text as hexadecimal digits
-//! decoded by the server (`decode('…', 'hex')`, and `convert_from` for
-//! text), whatever `standard_conforming_strings` says. The table name is a
-//! checked identifier (`validate_identifier`). The fuzz target
+//! literal: integers as digits, bytes as an escape string of hexadecimal
+//! digits (`E'\\x…'`, which reads the same whatever
+//! `standard_conforming_strings` says, and which the statement's `bytea`
+//! parameter takes as it is, without a function call); the key goes as its
+//! UTF-8 bytes. The table name is a checked identifier
+//! (`validate_identifier`). The fuzz target
 //! `fuzz/fuzz_targets/sql_script.rs` (which includes this file by path: it
 //! needs nothing but std) checks that no value changes a script's shape.
 
-use std::fmt::Write as _;
-
-/// `value` as a `bytea` expression.
+/// `value` as a `bytea` literal: an escape string of its bytes in
+/// hexadecimal, `E'\\x…'`.
 pub(crate) fn bytes(value: &[u8]) -> String {
-    let mut out = String::with_capacity(value.len() * 2 + 20);
-    out.push_str("decode('");
-    for byte in value {
-        // Writing to a String cannot fail.
-        let _ = write!(out, "{byte:02x}");
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(value.len() * 2 + 6);
+    out.push_str("E'\\\\x");
+    for &byte in value {
+        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        out.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
     }
-    out.push_str("', 'hex')");
+    out.push('\'');
     out
-}
-
-/// `value` as a `text` expression.
-pub(crate) fn text(value: &str) -> String {
-    format!("convert_from({}, 'UTF8')", bytes(value.as_bytes()))
 }
 
 /// The error PostgreSQL answers an `EXECUTE` of a statement the session
@@ -47,18 +46,30 @@ pub(crate) const NOT_PREPARED: &str = "26000";
 /// per script. Prepared statements outlive the transaction they were
 /// prepared in, and are the session's: named after the table, so that
 /// stores of several tables share a pool.
+///
+/// `idem_insert` deletes an expired record of the key in the same
+/// statement, before it inserts (the insert reads the delete's count, so
+/// the delete has run to its end first; the row it deleted no longer
+/// stands in the unique index's way): one statement for what a claim that
+/// found no record, nearly every one, needs, and for what one that found
+/// an expired record needs.
 pub(crate) fn prepare(table: &str) -> String {
     format!(
-        "PREPARE idem_read_{table} (bytea) AS \
+        "PREPARE idem_lock_{table} (bigint, text) AS \
+           SELECT pg_try_advisory_xact_lock($1), set_config('lock_timeout', $2, true); \
+         PREPARE idem_read_{table} (bytea) AS \
            SELECT state::text, owner, fingerprint, outcome, \
              (EXTRACT(EPOCH FROM (expires_at - now())) * 1000)::int8 \
            FROM {table} WHERE key_hash = $1; \
-         PREPARE idem_clear_{table} (bytea) AS \
-           DELETE FROM {table} WHERE key_hash = $1 AND expires_at <= now(); \
-         PREPARE idem_insert_{table} (bytea, text, bytea, bytea, bigint) AS \
+         PREPARE idem_insert_{table} (bytea, bytea, bytea, bytea, bigint) AS \
+           WITH expired AS ( \
+             DELETE FROM {table} WHERE key_hash = $1 AND expires_at <= now() RETURNING 1 \
+           ) \
            INSERT INTO {table} \
              (key_hash, idem_key, state, owner, fingerprint, outcome, expires_at) \
-           VALUES ($1, $2, 'C', NULL, $3, $4, now() + $5 * interval '1 millisecond')"
+           SELECT $1, convert_from($2, 'UTF8'), 'C', NULL, $3, $4, \
+             now() + $5 * interval '1 millisecond' \
+           FROM (SELECT count(*) FROM expired) AS cleared"
     )
 }
 
@@ -71,8 +82,7 @@ pub(crate) fn prepare(table: &str) -> String {
 /// outcome, milliseconds left).
 pub(crate) fn claim(table: &str, lock_id: i64, key_hash: &[u8; 32], timeout_ms: u128) -> String {
     format!(
-        "SELECT pg_try_advisory_xact_lock({lock_id}), \
-           set_config('lock_timeout', '{timeout_ms}ms', true); \
+        "EXECUTE idem_lock_{table}({lock_id}, '{timeout_ms}ms'); \
          EXECUTE idem_read_{table}({hash})",
         hash = bytes(key_hash),
     )
@@ -104,24 +114,23 @@ pub(crate) struct Completed<'a> {
     pub(crate) ttl_ms: i64,
 }
 
-/// The end of a transactional claim whose start found no live record: an
-/// expired record of the key deleted, the completed one inserted, COMMIT.
-/// A live record in the way (written past the lock, by a plain claim) makes
-/// the insert fail on the unique index, and the rest of the query is not
-/// run: nothing commits.
+/// The end of a transactional claim whose start found no live record: the
+/// completed record inserted (and an expired one of the key deleted:
+/// [`prepare`]), COMMIT. A live record in the way (written past the lock,
+/// by a plain claim) makes the insert fail on the unique index, and the
+/// rest of the query is not run: nothing commits.
 ///
 /// Then BEGIN: sqlx still counts the transaction as open, and rolls it back
 /// when its handle is dropped (with the check it runs on every connection
 /// given back to the pool, in the same round trip); what it rolls back is
 /// this empty transaction, which holds no snapshot and no lock.
 pub(crate) fn commit(table: &str, record: &Completed<'_>) -> String {
-    let hash = bytes(record.key_hash);
     format!(
-        "EXECUTE idem_clear_{table}({hash}); \
-         EXECUTE idem_insert_{table}({hash}, {key}, {fingerprint}, {outcome}, {ttl_ms}); \
+        "EXECUTE idem_insert_{table}({hash}, {key}, {fingerprint}, {outcome}, {ttl_ms}); \
          COMMIT; \
          BEGIN",
-        key = text(record.key),
+        hash = bytes(record.key_hash),
+        key = bytes(record.key.as_bytes()),
         fingerprint = bytes(record.fingerprint),
         outcome = bytes(record.outcome),
         ttl_ms = record.ttl_ms,
@@ -133,12 +142,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn values_are_hex_digits_between_quotes() {
-        assert_eq!(bytes(b"\x00'\\"), "decode('00275c', 'hex')");
+    fn values_are_hex_digits_in_an_escape_string() {
+        assert_eq!(bytes(b"\x00'\\"), r"E'\\x00275c'");
         assert_eq!(
-            text("a'); DROP TABLE t; --"),
-            "convert_from(decode('6127293b2044524f50205441424c4520743b202d2d', 'hex'), 'UTF8')"
+            bytes("a'); DROP TABLE t; --".as_bytes()),
+            r"E'\\x6127293b2044524f50205441424c4520743b202d2d'"
         );
-        assert_eq!(bytes(b""), "decode('', 'hex')");
+        assert_eq!(bytes(b""), r"E'\\x'");
     }
 }

@@ -12,15 +12,14 @@
 //! (which includes this file by path: it needs nothing but std) checks that
 //! no value changes a script's shape.
 
-use std::fmt::Write as _;
-
 /// `value` as a blob literal.
 pub(crate) fn blob(value: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(value.len() * 2 + 3);
     out.push_str("X'");
-    for byte in value {
-        // Writing to a String cannot fail.
-        let _ = write!(out, "{byte:02x}");
+    for &byte in value {
+        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        out.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
     }
     out.push('\'');
     out
