@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use idem_core::conformance::{mysql_url, postgres_url, server_missing};
 use idem_sql::sqlx::mysql::MySqlPoolOptions;
-use idem_sql::sqlx::postgres::PgPoolOptions;
+use idem_sql::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use idem_sql::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use idem_sql::{MySqlStore, PgStore, SqliteStore, TxSlot};
 
@@ -589,4 +589,124 @@ async fn sqlite_commit_without_the_claims_row_commits_nothing() {
             .await
             .unwrap();
     assert_eq!(effects, 0, "rolled back");
+}
+
+/// The transactional scripts' statements are prepared on each connection
+/// by the first claim that finds them missing. Deallocated between two
+/// requests (`DEALLOCATE ALL`, as a pooler in front of PostgreSQL may run
+/// it, with sqlx's own statement cache off), they are prepared again by the
+/// next claim; deallocated by a handler inside its own transaction, the
+/// commit fails and nothing of the handler's is kept: the key is free and
+/// its retry commits once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_statements_deallocated_are_prepared_again() {
+    use idem_core::conformance::postgres_url;
+    use idem_core::{Claim, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken};
+    use idem_core::{StoredResponse, TransactionalStore, TxClaim};
+    use idem_sql::sqlx::{self, Postgres};
+
+    if postgres().await.is_none() {
+        return;
+    }
+    // One connection: every claim meets the statements the last one left.
+    // sqlx's own statements unnamed, as behind a pooler, so that they
+    // outlive `DEALLOCATE ALL`.
+    let options = postgres_url()
+        .parse::<PgConnectOptions>()
+        .unwrap()
+        .statement_cache_capacity(0);
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let store = PgStore::builder(pool.clone())
+        .max_transactions(1)
+        .build()
+        .unwrap();
+    sqlx::query("CREATE TABLE IF NOT EXISTS idem_test_pg_effects (k TEXT NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let run = rand_u64();
+    let fp = Fingerprint::from_bytes([6; 32]);
+    let outcome = Outcome::Response(StoredResponse::new(
+        http::StatusCode::CREATED,
+        http::HeaderMap::new(),
+        "kept",
+    ));
+    // Claims `name`, writes its effect and, if asked, deallocates every
+    // statement of the session in the same transaction; then commits.
+    let attempt = |name: &'static str, deallocate: bool| {
+        let (store, outcome) = (store.clone(), outcome.clone());
+        async move {
+            let key = IdempotencyKey::new("idem-test:", &format!("pg-prepare:{run:016x}:{name}"));
+            let claim = store
+                .claim_in_transaction(&key, &fp, Duration::from_secs(30), OwnerToken::generate())
+                .await
+                .expect("PostgreSQL answers");
+            let TxClaim::Open(tx) = claim else {
+                panic!("{name}: expected to acquire, got {claim:?}");
+            };
+            {
+                let handle = tx.handle();
+                let mut guard = handle.get::<TxSlot<Postgres>>().unwrap().lock().await;
+                let conn = &mut **guard.as_mut().unwrap();
+                sqlx::query("INSERT INTO idem_test_pg_effects (k) VALUES ($1)")
+                    .bind(format!("{run}-{name}"))
+                    .execute(&mut *conn)
+                    .await
+                    .unwrap();
+                if deallocate {
+                    sqlx::raw_sql("DEALLOCATE ALL")
+                        .execute(&mut *conn)
+                        .await
+                        .unwrap();
+                }
+            }
+            tx.commit(&outcome, Duration::from_secs(60)).await
+        }
+    };
+    let effects = |name: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM idem_test_pg_effects WHERE k = $1")
+                .bind(format!("{run}-{name}"))
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+
+    // Prepared by the first claim, then deallocated between requests.
+    attempt("before", false).await.expect("committed");
+    sqlx::raw_sql("DEALLOCATE ALL")
+        .execute(&pool)
+        .await
+        .unwrap();
+    attempt("after", false)
+        .await
+        .expect("committed, the statements prepared again");
+    assert_eq!((effects("before").await, effects("after").await), (1, 1));
+
+    // Deallocated inside the handler's transaction: nothing kept.
+    attempt("inside", true)
+        .await
+        .expect_err("the commit finds its statement gone");
+    assert_eq!(
+        effects("inside").await,
+        0,
+        "the handler's write rolled back"
+    );
+    // The key is free, and its retry commits once and replays.
+    attempt("inside", false).await.expect("the retry commits");
+    assert_eq!(effects("inside").await, 1);
+    let key = IdempotencyKey::new("idem-test:", &format!("pg-prepare:{run:016x}:inside"));
+    assert_eq!(
+        store
+            .claim(&key, &fp, Duration::from_secs(30), OwnerToken::generate())
+            .await
+            .unwrap(),
+        Claim::Replay(outcome.clone())
+    );
 }

@@ -238,7 +238,7 @@ impl Dialect for Postgres {
         );
         match sqlx::raw_sql(AssertSqlSafe(script)).execute(&mut *tx).await {
             // Committed; dropping `tx` rolls back the empty transaction
-            // the script began (`script::commit`).
+            // the commit chained (`script::commit`).
             Ok(_) => Ok(true),
             // A live row in the way: the insert failed, nothing after it
             // ran.

@@ -120,15 +120,15 @@ pub(crate) struct Completed<'a> {
 /// by a plain claim) makes the insert fail on the unique index, and the
 /// rest of the query is not run: nothing commits.
 ///
-/// Then BEGIN: sqlx still counts the transaction as open, and rolls it back
+/// The commit chains a new transaction (`COMMIT AND CHAIN`, PostgreSQL 12
+/// and later): sqlx still counts the transaction as open, and rolls it back
 /// when its handle is dropped (with the check it runs on every connection
 /// given back to the pool, in the same round trip); what it rolls back is
 /// this empty transaction, which holds no snapshot and no lock.
 pub(crate) fn commit(table: &str, record: &Completed<'_>) -> String {
     format!(
         "EXECUTE idem_insert_{table}({hash}, {key}, {fingerprint}, {outcome}, {ttl_ms}); \
-         COMMIT; \
-         BEGIN",
+         COMMIT AND CHAIN",
         hash = bytes(record.key_hash),
         key = bytes(record.key.as_bytes()),
         fingerprint = bytes(record.fingerprint),
