@@ -597,7 +597,8 @@ async fn sqlite_commit_without_the_claims_row_commits_nothing() {
 /// it, with sqlx's own statement cache off), they are prepared again by the
 /// next claim; deallocated by a handler inside its own transaction, the
 /// commit fails and nothing of the handler's is kept: the key is free and
-/// its retry commits once.
+/// its retry commits once. Statements another version of the store left in
+/// the session do not stand in the way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_statements_deallocated_are_prepared_again() {
     use idem_core::conformance::postgres_url;
@@ -678,6 +679,17 @@ async fn postgres_statements_deallocated_are_prepared_again() {
         }
     };
 
+    // Another version of the store, sharing the session (as through a
+    // pooler during an upgrade), left statements of its own under the names
+    // this one would use without its generation in them.
+    sqlx::raw_sql(
+        "PREPARE idem_lock_idem_records AS SELECT 1; \
+         PREPARE idem_read_idem_records (bytea) AS SELECT 2; \
+         PREPARE idem_insert_idem_records (bytea, text) AS SELECT 3",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     // Prepared by the first claim, then deallocated between requests.
     attempt("before", false).await.expect("committed");
     sqlx::raw_sql("DEALLOCATE ALL")

@@ -40,12 +40,20 @@ pub(crate) fn bytes(value: &[u8]) -> String {
 /// has not prepared: `invalid_sql_statement_name`.
 pub(crate) const NOT_PREPARED: &str = "26000";
 
+/// The generation of the statements below, part of their names: raised
+/// whenever a statement's text or parameters change. A pooler in front of
+/// PostgreSQL (PgBouncer in transaction mode) shares a server session
+/// between processes, so during a rolling upgrade one session can serve
+/// two versions of this store; with the generation in the names each finds
+/// its own statements there, instead of the other's under the same name.
+const GENERATION: u32 = 1;
+
 /// The statements the scripts execute, prepared on a connection the first
 /// time a claim finds them missing there (`NOT_PREPARED`): PostgreSQL then
 /// plans them once per connection, as it does sqlx's own, instead of once
 /// per script. Prepared statements outlive the transaction they were
 /// prepared in, and are the session's: named after the table, so that
-/// stores of several tables share a pool.
+/// stores of several tables share a pool, and after their [`GENERATION`].
 ///
 /// `idem_insert` deletes an expired record of the key in the same
 /// statement, before it inserts (the insert reads the delete's count, so
@@ -55,13 +63,13 @@ pub(crate) const NOT_PREPARED: &str = "26000";
 /// an expired record needs.
 pub(crate) fn prepare(table: &str) -> String {
     format!(
-        "PREPARE idem_lock_{table} (bigint, text) AS \
+        "PREPARE idem{GENERATION}_lock_{table} (bigint, text) AS \
            SELECT pg_try_advisory_xact_lock($1), set_config('lock_timeout', $2, true); \
-         PREPARE idem_read_{table} (bytea) AS \
+         PREPARE idem{GENERATION}_read_{table} (bytea) AS \
            SELECT state::text, owner, fingerprint, outcome, \
              (EXTRACT(EPOCH FROM (expires_at - now())) * 1000)::int8 \
            FROM {table} WHERE key_hash = $1; \
-         PREPARE idem_insert_{table} (bytea, bytea, bytea, bytea, bigint) AS \
+         PREPARE idem{GENERATION}_insert_{table} (bytea, bytea, bytea, bytea, bigint) AS \
            WITH expired AS ( \
              DELETE FROM {table} WHERE key_hash = $1 AND expires_at <= now() RETURNING 1 \
            ) \
@@ -82,8 +90,8 @@ pub(crate) fn prepare(table: &str) -> String {
 /// outcome, milliseconds left).
 pub(crate) fn claim(table: &str, lock_id: i64, key_hash: &[u8; 32], timeout_ms: u128) -> String {
     format!(
-        "EXECUTE idem_lock_{table}({lock_id}, '{timeout_ms}ms'); \
-         EXECUTE idem_read_{table}({hash})",
+        "EXECUTE idem{GENERATION}_lock_{table}({lock_id}, '{timeout_ms}ms'); \
+         EXECUTE idem{GENERATION}_read_{table}({hash})",
         hash = bytes(key_hash),
     )
 }
@@ -127,7 +135,7 @@ pub(crate) struct Completed<'a> {
 /// this empty transaction, which holds no snapshot and no lock.
 pub(crate) fn commit(table: &str, record: &Completed<'_>) -> String {
     format!(
-        "EXECUTE idem_insert_{table}({hash}, {key}, {fingerprint}, {outcome}, {ttl_ms}); \
+        "EXECUTE idem{GENERATION}_insert_{table}({hash}, {key}, {fingerprint}, {outcome}, {ttl_ms}); \
          COMMIT AND CHAIN",
         hash = bytes(record.key_hash),
         key = bytes(record.key.as_bytes()),
