@@ -1,6 +1,7 @@
 //! The scripts of transactional claims (`idem-sql/src/postgres/script.rs`,
-//! `idem-sql/src/sqlite/script.rs`), sent without parameters, with values
-//! the store writes into their text: whatever a key, a body, a hash or a
+//! `idem-sql/src/sqlite/script.rs`, their digits written by
+//! `idem-sql/src/hex_digits.rs`), sent without parameters, with values the
+//! store writes into their text: whatever a key, a body, a hash or a
 //! number holds, the script keeps its shape. Every quoted literal holds
 //! hexadecimal digits only, and the text outside them is that of a script
 //! of the same statements with other values (numbers aside).
@@ -10,6 +11,9 @@
 //! fingerprint and numbers are taken from the input's bytes.
 #![no_main]
 
+// The scripts write their literals' digits with this (`crate::hex_digits`).
+#[path = "../../idem-sql/src/hex_digits.rs"]
+mod hex_digits;
 // What the fuzz target does not call (an error code) is not dead there.
 #[allow(dead_code)]
 #[path = "../../idem-sql/src/postgres/script.rs"]

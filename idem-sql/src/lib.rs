@@ -144,6 +144,8 @@ mod builder;
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod conformance;
 mod dialect;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod hex_digits;
 #[cfg(feature = "mysql")]
 mod mysql;
 mod open;

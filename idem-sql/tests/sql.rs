@@ -636,12 +636,15 @@ async fn postgres_statements_deallocated_are_prepared_again() {
         http::HeaderMap::new(),
         "kept",
     ));
+    let key = move |name: &str| {
+        IdempotencyKey::new("idem-test:", &format!("pg-prepare:{run:016x}:{name}"))
+    };
     // Claims `name`, writes its effect and, if asked, deallocates every
     // statement of the session in the same transaction; then commits.
     let attempt = |name: &'static str, deallocate: bool| {
         let (store, outcome) = (store.clone(), outcome.clone());
         async move {
-            let key = IdempotencyKey::new("idem-test:", &format!("pg-prepare:{run:016x}:{name}"));
+            let key = key(name);
             let claim = store
                 .claim_in_transaction(&key, &fp, Duration::from_secs(30), OwnerToken::generate())
                 .await
@@ -713,12 +716,84 @@ async fn postgres_statements_deallocated_are_prepared_again() {
     // The key is free, and its retry commits once and replays.
     attempt("inside", false).await.expect("the retry commits");
     assert_eq!(effects("inside").await, 1);
-    let key = IdempotencyKey::new("idem-test:", &format!("pg-prepare:{run:016x}:inside"));
+    assert_eq!(
+        store
+            .claim(
+                &key("inside"),
+                &fp,
+                Duration::from_secs(30),
+                OwnerToken::generate()
+            )
+            .await
+            .unwrap(),
+        Claim::Replay(outcome.clone())
+    );
+}
+
+/// The transactional scripts write bytes as escape strings (`E'\\x…'`),
+/// which read the same whatever the session's
+/// `standard_conforming_strings` says: with it off (where a plain `'\x…'`
+/// would lose its backslash), keys and bodies full of backslashes and
+/// quotes still round-trip as they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_scripts_read_the_same_without_standard_conforming_strings() {
+    use idem_core::conformance::postgres_url;
+    use idem_core::{Claim, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken};
+    use idem_core::{StoredResponse, TransactionalStore, TxClaim};
+    use idem_sql::sqlx;
+
+    if postgres().await.is_none() {
+        return;
+    }
+    let options = postgres_url()
+        .parse::<PgConnectOptions>()
+        .unwrap()
+        .options([("standard_conforming_strings", "off")]);
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let setting: String = sqlx::query_scalar("SHOW standard_conforming_strings")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(setting, "off");
+    let store = PgStore::new(pool);
+    let fp = Fingerprint::from_bytes([8; 32]);
+    let body: Vec<u8> = b"\\x41 \\\\ '' \\' "
+        .iter()
+        .copied()
+        .chain(0..=255u8)
+        .collect();
+    let outcome = Outcome::Response(StoredResponse::new(
+        http::StatusCode::CREATED,
+        http::HeaderMap::new(),
+        body,
+    ));
+    let key = IdempotencyKey::new(
+        "idem-test:",
+        &format!(r"pg-scs-off:{:016x}:\x41\\'", rand_u64()),
+    );
+    let TxClaim::Open(tx) = store
+        .claim_in_transaction(&key, &fp, Duration::from_secs(30), OwnerToken::generate())
+        .await
+        .unwrap()
+    else {
+        panic!("a fresh key is acquired");
+    };
+    tx.commit(&outcome, Duration::from_secs(60)).await.unwrap();
     assert_eq!(
         store
             .claim(&key, &fp, Duration::from_secs(30), OwnerToken::generate())
             .await
             .unwrap(),
-        Claim::Replay(outcome.clone())
+        Claim::Replay(outcome)
     );
+    let stored: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_records WHERE idem_key = $1")
+        .bind(key.as_str())
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(stored, 1, "the key stored as it is");
 }

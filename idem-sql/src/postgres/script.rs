@@ -19,19 +19,15 @@
 //! parameter takes as it is, without a function call); the key goes as its
 //! UTF-8 bytes. The table name is a checked identifier
 //! (`validate_identifier`). The fuzz target
-//! `fuzz/fuzz_targets/sql_script.rs` (which includes this file by path: it
-//! needs nothing but std) checks that no value changes a script's shape.
+//! `fuzz/fuzz_targets/sql_script.rs` (which includes this file and
+//! `hex_digits.rs` by path: they need nothing but std) checks that no
+//! value changes a script's shape.
 
 /// `value` as a `bytea` literal: an escape string of its bytes in
 /// hexadecimal, `E'\\x…'`.
 pub(crate) fn bytes(value: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(value.len() * 2 + 6);
-    out.push_str("E'\\\\x");
-    for &byte in value {
-        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
-        out.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
-    }
+    let mut out = String::from("E'\\\\x");
+    crate::hex_digits::push(&mut out, value);
     out.push('\'');
     out
 }

@@ -9,18 +9,13 @@
 //! store makes, as blob literals of hexadecimal digits (`X'…'`) and
 //! integers. The table name is a checked identifier
 //! (`validate_identifier`). The fuzz target `fuzz/fuzz_targets/sql_script.rs`
-//! (which includes this file by path: it needs nothing but std) checks that
-//! no value changes a script's shape.
+//! (which includes this file and `hex_digits.rs` by path: they need
+//! nothing but std) checks that no value changes a script's shape.
 
 /// `value` as a blob literal.
 pub(crate) fn blob(value: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(value.len() * 2 + 3);
-    out.push_str("X'");
-    for &byte in value {
-        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
-        out.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
-    }
+    let mut out = String::from("X'");
+    crate::hex_digits::push(&mut out, value);
     out.push('\'');
     out
 }
