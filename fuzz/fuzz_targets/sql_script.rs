@@ -1,13 +1,14 @@
-//! The scripts of transactional claims (`idem-sql/src/postgres/script.rs`,
-//! `idem-sql/src/sqlite/script.rs`, their digits written by
+//! The scripts of PostgreSQL's transactional claims
+//! (`idem-sql/src/postgres/script.rs`, their digits written by
 //! `idem-sql/src/hex_digits.rs`), sent without parameters, with values the
 //! store writes into their text: whatever a key, a body, a hash or a
 //! number holds, the script keeps its shape. Every quoted literal holds
 //! hexadecimal digits only, and the text outside them is that of a script
-//! of the same statements with other values (numbers aside).
+//! of the same statements with other values (numbers aside). (SQLite's
+//! take their values as bound parameters: `idem-sql/src/sqlite/script.rs`.)
 //!
 //! Input: a line with the key (any bytes, read as UTF-8 lossily, as a key
-//! must be text), then the outcome (the rest, any bytes). The hash, owner,
+//! must be text), then the outcome (the rest, any bytes). The hash,
 //! fingerprint and numbers are taken from the input's bytes.
 #![no_main]
 
@@ -18,13 +19,10 @@ mod hex_digits;
 #[allow(dead_code)]
 #[path = "../../idem-sql/src/postgres/script.rs"]
 mod pg;
-#[path = "../../idem-sql/src/sqlite/script.rs"]
-mod sqlite;
 
 use libfuzzer_sys::fuzz_target;
 
 const TABLE: &str = "idem_records";
-const SQLITE_NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
 
 /// Fixed-size bytes taken from `data` (repeated, or zeros if empty).
 fn bytes<const N: usize>(data: &[u8], salt: u8) -> [u8; N] {
@@ -48,8 +46,7 @@ fn shape(script: &str) -> String {
         let close = after.find('\'').expect("every quote is closed");
         let literal = &after[..close];
         let fixed = ["UTF8", "C", "I", "lock_timeout", "now", "1 millisecond"];
-        // PostgreSQL's bytes are an escape string `E'\\x…'`, SQLite's a
-        // blob `X'…'`.
+        // Bytes are an escape string `E'\\x…'`.
         let digits = literal.strip_prefix(r"\\x").unwrap_or(literal);
         let hex = digits.bytes().all(|b| b.is_ascii_hexdigit());
         let timeout = literal
@@ -84,9 +81,8 @@ fn numbers(text: &str) -> String {
     out
 }
 
-fn scripts(key: &str, outcome: &[u8], data: &[u8]) -> [String; 4] {
+fn scripts(key: &str, outcome: &[u8], data: &[u8]) -> [String; 3] {
     let hash = bytes::<32>(data, 1);
-    let owner = bytes::<16>(data, 2);
     let fingerprint = bytes::<32>(data, 3);
     let number = i64::from_le_bytes(bytes::<8>(data, 4));
     let timeout_ms = u128::from(number.unsigned_abs());
@@ -99,16 +95,6 @@ fn scripts(key: &str, outcome: &[u8], data: &[u8]) -> [String; 4] {
                 key_hash: &hash,
                 key,
                 fingerprint: &fingerprint,
-                outcome,
-                ttl_ms: number,
-            },
-        ),
-        sqlite::commit(
-            TABLE,
-            SQLITE_NOW,
-            &sqlite::Completion {
-                key_hash: &hash,
-                owner: &owner,
                 outcome,
                 ttl_ms: number,
             },

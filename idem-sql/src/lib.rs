@@ -110,8 +110,14 @@
 //! whatever its key, waits for it: in this process for its turn (in order,
 //! up to [`SqlStoreBuilder::lock_timeout`]), from other processes on the
 //! pool's `busy_timeout`; a wait that runs out is answered "in flight".
-//! In-process duplicates are still answered from memory. Keep SQLite's
-//! transactional handlers short, or use PostgreSQL for concurrent writers.
+//! In-process duplicates are still answered from memory. That lock is what
+//! holds the claim's key there (nothing is written for it until its
+//! commit, as on PostgreSQL), and under load it passes from one claim to
+//! the next without being let go: a claim that commits while others wait
+//! starts the first of them in its commit's own call to SQLite and hands
+//! it the transaction (counted in `idem_sqlite_claims_relayed_total`).
+//! Keep SQLite's transactional handlers short, or use PostgreSQL for
+//! concurrent writers.
 //!
 //! # One writer at a time
 //!
@@ -144,7 +150,7 @@ mod builder;
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod conformance;
 mod dialect;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(feature = "postgres")]
 mod hex_digits;
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -153,6 +159,7 @@ mod plain;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod purge;
+mod relay;
 mod slot;
 #[cfg(feature = "sqlite")]
 mod sqlite;
@@ -173,6 +180,7 @@ pub use dialect::{Value, bind_all};
 pub use idem_core as __core;
 use open::OpenClaims;
 pub use purge::{PurgeOptions, PurgeTask};
+use relay::Relay;
 pub use slot::{TxGuard, TxSlot};
 /// The sqlx crate this store is built on, so your pool is the very type the
 /// store takes.
@@ -245,6 +253,7 @@ struct Inner<DB: Dialect> {
     lock_timeout: Duration,
     open: Arc<OpenClaims>,
     writer: WriterTurns,
+    relay: Relay<DB>,
     batches: Batches<DB>,
 }
 
@@ -305,6 +314,7 @@ impl<DB: Dialect> SqlStore<DB> {
                 lock_timeout,
                 open: Arc::new(OpenClaims::new(max)),
                 writer: WriterTurns::new(DB::ONE_WRITER),
+                relay: Relay::new(),
                 batches: Batches::new(),
             }),
         }
@@ -359,22 +369,31 @@ impl<DB: Dialect> SqlStore<DB> {
                 Some(lock_timeout) => DB::tx_claim(conn, queries, args, lock_timeout).await?,
                 None => DB::claim(conn, queries, args).await?,
             };
-            match step {
-                ClaimStep::Acquired => return Ok(Claim::Acquired(owner)),
-                ClaimStep::Locked => {
-                    return Ok(Claim::InFlight { retry_after: lease });
-                }
-                ClaimStep::Vanished => continue,
-                ClaimStep::Existing(row) => match row.answer(fingerprint) {
-                    Ok(Some(claim)) => return Ok(claim),
-                    Ok(None) => continue,
-                    Err(err) => return Err(sqlx::Error::Decode(err.into())),
-                },
+            if let Some(claim) = settle(step, fingerprint, lease, owner)? {
+                return Ok(claim);
             }
         }
         Err(sqlx::Error::Protocol(
             "idempotency record kept changing under the claim".into(),
         ))
+    }
+}
+
+/// The claim a claim's step comes to; `None` if the record in the way
+/// vanished or expired meanwhile, and the claim should be tried again.
+fn settle(
+    step: ClaimStep,
+    fingerprint: &Fingerprint,
+    lease: Duration,
+    owner: OwnerToken,
+) -> Result<Option<Claim>, sqlx::Error> {
+    match step {
+        ClaimStep::Acquired => Ok(Some(Claim::Acquired(owner))),
+        ClaimStep::Locked => Ok(Some(Claim::InFlight { retry_after: lease })),
+        ClaimStep::Vanished => Ok(None),
+        ClaimStep::Existing(row) => row
+            .answer(fingerprint)
+            .map_err(|err| sqlx::Error::Decode(err.into())),
     }
 }
 

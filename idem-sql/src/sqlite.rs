@@ -1,18 +1,24 @@
 //! SQLite: `INSERT ... ON CONFLICT DO UPDATE ... WHERE expired RETURNING`
 //! claims or takes over; the clock is SQLite's `julianday('now')` in Unix
-//! milliseconds. One writer at a time: a transactional claim holds the
-//! database's write lock until it commits; the store's writes in this
-//! process take turns (`writer.rs`), its plain writes in batches of many
-//! per statement (`batch.rs`, `sqlite/many.rs`), and those of other
-//! processes wait for the pool's `busy_timeout` (duplicates of a live key
-//! only read).
+//! milliseconds. One writer at a time: a transactional claim takes the
+//! database's write lock at its start (BEGIN IMMEDIATE), which holds its
+//! key, reads under it, and writes its record completed at commit
+//! (`sqlite/script.rs`), where it may start the next waiting claim and
+//! hand it the lock (`relay.rs`); the store's writes in this process take
+//! turns (`writer.rs`), its plain writes in batches of many per statement
+//! (`batch.rs`, `sqlite/many.rs`), and those of other processes wait for
+//! the pool's `busy_timeout` (duplicates of a live key only read).
 
-use sqlx::sqlite::SqliteConnection;
-use sqlx::{AssertSqlSafe, Sqlite};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use sqlx::Executor;
+use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqliteRow};
+use sqlx::{AssertSqlSafe, Either, Sqlite};
 
 use super::batch::{Write, Written};
 use super::dialect::{
-    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, bind_all, has_code, record_row,
+    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, Started, bind_all, has_code, record_row,
     run_migrations, sealed, shared_statements,
 };
 use super::{SqlStore, unavailable};
@@ -164,6 +170,33 @@ impl Dialect for Sqlite {
         written.into_iter().flatten().collect()
     }
 
+    async fn tx_claim(
+        conn: &mut SqliteConnection,
+        q: &Queries,
+        args: ClaimArgs<'_>,
+        lock_timeout: Duration,
+    ) -> Result<ClaimStep, sqlx::Error> {
+        // The write lock, taken by BEGIN IMMEDIATE and held to the commit,
+        // holds the key; the claim only reads under it, in the same call
+        // to the connection's worker thread (`script.rs`). Nothing waits
+        // longer than the connection's busy timeout.
+        let _ = lock_timeout;
+        let claim = script::claim(&q.table, &Self::ms_until("expires_at"));
+        let query = sqlx::query(AssertSqlSafe(claim)).bind(&args.key_hash[..]);
+        let ran = run(conn, query).await;
+        if let Some(err) = ran.failed {
+            if ran.statements == script::CLAIM_BEGINS_AT {
+                // BEGIN IMMEDIATE failed: no transaction is open now.
+                reopen(conn).await?;
+            }
+            if Self::is_lock_timeout(&err) {
+                return Ok(ClaimStep::Locked);
+            }
+            return Err(err);
+        }
+        Ok(tx_claim_step(ran.row.as_ref().map(record_row).transpose()?))
+    }
+
     async fn tx_commit(
         mut tx: sqlx::Transaction<'static, Self>,
         q: &Queries,
@@ -171,25 +204,53 @@ impl Dialect for Sqlite {
         outcome: &[u8],
         ttl_ms: i64,
     ) -> Result<bool, sqlx::Error> {
-        let script = script::commit(
-            &q.table,
-            Self::NOW,
-            &script::Completion {
-                key_hash: args.key_hash,
-                owner: args.owner.as_bytes(),
-                outcome,
-                ttl_ms,
-            },
-        );
-        match sqlx::raw_sql(AssertSqlSafe(script)).execute(&mut *tx).await {
+        let commit = script::commit(&q.table, Self::NOW);
+        match completion(commit, &args, outcome, ttl_ms)
+            .execute(&mut *tx)
+            .await
+        {
             // Committed; dropping `tx` rolls back the empty transaction
-            // the script began (`script::commit`).
+            // the query began (`script::commit`).
             Ok(_) => Ok(true),
             Err(err) => {
                 tx.rollback().await?;
                 Err(err)
             }
         }
+    }
+
+    async fn tx_commit_and_claim(
+        mut tx: sqlx::Transaction<'static, Self>,
+        q: &Queries,
+        args: ClaimArgs<'_>,
+        outcome: &[u8],
+        ttl_ms: i64,
+        next_hash: &[u8; 32],
+    ) -> Result<(bool, Option<Started<Self>>), sqlx::Error> {
+        let commit = script::commit_and_claim(&q.table, Self::NOW, &Self::ms_until("expires_at"));
+        let query = completion(commit, &args, outcome, ttl_ms).bind(&next_hash[..]);
+        let ran = run(&mut tx, query).await;
+        let Some(err) = ran.failed else {
+            // Committed, and the next claim's transaction holds the lock.
+            match ran.row.as_ref().map(record_row).transpose() {
+                Ok(found) => return Ok((true, Some((tx, tx_claim_step(found))))),
+                Err(err) => {
+                    tracing::warn!(error = %err, "reading the next transactional claim's record failed");
+                    end_started(tx, true).await;
+                    return Ok((true, None));
+                }
+            }
+        };
+        if ran.statements < script::NEXT_BEGINS_AT {
+            tx.rollback().await?;
+            return Err(err);
+        }
+        // Committed; the next claim did not start: BEGIN IMMEDIATE met
+        // another process's writer past the busy timeout (no transaction
+        // is open), or the read failed in the transaction it began.
+        tracing::debug!(error = %err, "the next transactional claim did not start with the commit");
+        end_started(tx, ran.statements > script::NEXT_BEGINS_AT).await;
+        Ok((true, None))
     }
 
     fn is_lock_timeout(err: &sqlx::Error) -> bool {
@@ -209,4 +270,85 @@ fn take_over_expired() -> String {
            expires_at = excluded.expires_at, created_at = {now} \
          WHERE r.expires_at <= {now}"
     )
+}
+
+/// What a transactional claim's read under the write lock found: a live
+/// record answers; absent or expired, the key is the claim's, and its
+/// commit writes the completed record.
+fn tx_claim_step(found: Option<RecordRow>) -> ClaimStep {
+    match found {
+        Some(row) if row.ms_left > 0 => ClaimStep::Existing(row),
+        _ => ClaimStep::Acquired,
+    }
+}
+
+/// `sql` (`script::commit` or `commit_and_claim`) with the completed
+/// record's values bound.
+fn completion<'q>(
+    sql: String,
+    args: &ClaimArgs<'q>,
+    outcome: &'q [u8],
+    ttl_ms: i64,
+) -> sqlx::query::Query<'q, Sqlite, SqliteArguments> {
+    sqlx::query(AssertSqlSafe(sql))
+        .bind(&args.key_hash[..])
+        .bind(args.key)
+        .bind(&args.fingerprint.as_bytes()[..])
+        .bind(outcome)
+        .bind(ttl_ms)
+}
+
+/// How far a query of several statements went: the statements that ran to
+/// their end, the last row read, and the error that stopped it, if one
+/// did.
+struct Ran {
+    statements: usize,
+    row: Option<SqliteRow>,
+    failed: Option<sqlx::Error>,
+}
+
+/// Runs `query`, of several statements, on `conn` in one call to its
+/// worker thread. Each statement answers once when done (a `Left`), a
+/// read's rows before it.
+async fn run<'q>(
+    conn: &mut SqliteConnection,
+    query: sqlx::query::Query<'q, Sqlite, SqliteArguments>,
+) -> Ran {
+    let mut ran = Ran {
+        statements: 0,
+        row: None,
+        failed: None,
+    };
+    let mut answers = conn.fetch_many(query);
+    while let Some(answer) = answers.next().await {
+        match answer {
+            Ok(Either::Left(_)) => ran.statements += 1,
+            Ok(Either::Right(row)) => ran.row = Some(row),
+            Err(err) => {
+                ran.failed = Some(err);
+                break;
+            }
+        }
+    }
+    ran
+}
+
+/// Opens the deferred transaction sqlx counts as open on `conn`, after a
+/// script committed the one it had and failed to begin the next.
+async fn reopen(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql("BEGIN").execute(conn).await.map(drop)
+}
+
+/// Ends what a commit that went through began for the next claim, that is
+/// not to be handed on: rolls back its transaction if `begun` (it holds
+/// the write lock), else opens the deferred one sqlx counts as open.
+async fn end_started(mut tx: sqlx::Transaction<'static, Sqlite>, begun: bool) {
+    let ended = if begun {
+        tx.rollback().await
+    } else {
+        reopen(&mut tx).await
+    };
+    if let Err(err) = ended {
+        tracing::warn!(error = %err, "ending the next transactional claim's start failed");
+    }
 }

@@ -1,15 +1,17 @@
 //! Transactional mode on SQL: a claim in a transaction the handler then
 //! writes in, committed with the stored outcome. On PostgreSQL an advisory
-//! lock holds the key and the completed row is inserted at commit; on
-//! MySQL/MariaDB and SQLite the claim's row, written first, holds it and is
-//! completed at commit.
+//! lock holds the key, on SQLite the database's write lock, and the
+//! completed row is inserted at commit; on MySQL/MariaDB the claim's row,
+//! written first, holds it and is completed at commit. On SQLite a commit
+//! starts the next waiting claim and hands it the lock (`relay.rs`).
 
 use std::time::Duration;
 
 use tokio::sync::watch;
 
 use super::open::{Check, Held, Marked};
-use super::{ClaimArgs, Dialect, SqlStore, Turn, TxSlot, key_hash, unavailable};
+use super::relay::{Baton, RELAYED, Waited};
+use super::{ClaimArgs, ClaimStep, Dialect, SqlStore, Turn, TxSlot, key_hash, settle, unavailable};
 use idem_core::expiry_millis;
 use idem_core::{BoxFuture, OpenTransaction, TransactionalStore, TxClaim, TxHandle};
 use idem_core::{Claim, Duplicate, Error, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
@@ -39,7 +41,12 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
                     self.inner.open.max()
                 )));
             };
-            let Some((mut tx, turn)) = self.begin_in_turn().await? else {
+            let Some(Begun {
+                mut tx,
+                turn,
+                relayed,
+            }) = self.begin_in_turn(&hash).await?
+            else {
                 return Ok(in_flight(lease));
             };
             // Anything but our claim: nothing of ours to keep. Rolled back
@@ -47,11 +54,16 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
             // transaction back lazily): until then it would hold the key's
             // try-lock, and the next claim would be told "in flight" instead
             // of replaying.
-            let owner = match self
-                .claim_in(&mut tx, key, &hash, fingerprint, lease, owner)
-                .await
-                .map(Claim::acquired)
-            {
+            let claimed = match relayed.map(|step| settle(step, fingerprint, lease, owner)) {
+                Some(Ok(Some(claim))) => Ok(claim),
+                Some(Err(err)) => Err(unavailable(err)),
+                // Not relayed, or its record expired meanwhile: read again.
+                Some(Ok(None)) | None => {
+                    self.claim_in(&mut tx, key, &hash, fingerprint, lease, owner)
+                        .await
+                }
+            };
+            let owner = match claimed.map(Claim::acquired) {
                 Ok(Ok(owner)) => {
                     held.checked(Check::Open);
                     owner
@@ -74,7 +86,7 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
                 fingerprint: *fingerprint,
                 owner,
                 _held: held,
-                _turn: turn,
+                turn,
             })))
         })
     }
@@ -105,25 +117,45 @@ impl<DB: Dialect> SqlStore<DB> {
         }
     }
 
-    /// A transaction begun for a claim, with the turn to write; `None`
-    /// (and the transaction rolled back) if the turn did not come within
-    /// the lock timeout.
+    /// A transaction begun for the claim of `hash`, with the turn to
+    /// write; `None` if the turn did not come within the lock timeout.
     ///
     /// On SQLite the transaction holds the write lock from its claim to its
     /// commit: it takes the turn to write for all of it, and a turn that
-    /// does not come in time is answered as SQLite's lock would be. It
-    /// begins before it waits for the turn (a deferred BEGIN takes no lock,
-    /// and no snapshot until the claim writes), so that the turn, which
-    /// SQLite's transactional claims pass on one at a time, is not also held
-    /// while a connection is taken and BEGIN goes to the database.
-    async fn begin_in_turn(&self) -> Result<Option<(sqlx::Transaction<'static, DB>, Turn)>, Error> {
-        let tx = self.inner.pool.begin().await.map_err(unavailable)?;
-        match self.inner.writer.wait(self.inner.lock_timeout).await {
-            Some(turn) => Ok(Some((tx, turn))),
-            None => {
-                finish(tx).await;
-                Ok(None)
-            }
+    /// does not come in time is answered as SQLite's lock would be. The
+    /// claim waits for the turn without a connection. Under load the turn
+    /// comes relayed (`relay.rs`), with the committing claim's connection,
+    /// this claim's transaction begun on it and its key read; otherwise the
+    /// turn was free, or given back by another writer, and the claim takes
+    /// a connection and begins (a deferred BEGIN: the claim's own script
+    /// takes the lock).
+    async fn begin_in_turn(&self, hash: &[u8; 32]) -> Result<Option<Begun<DB>>, Error> {
+        let (pool, writer, within) = (
+            &self.inner.pool,
+            &self.inner.writer,
+            self.inner.lock_timeout,
+        );
+        if !writer.one_at_a_time() {
+            let tx = pool.begin().await.map_err(unavailable)?;
+            let turn = writer.wait(within).await;
+            return Ok(turn.map(|turn| Begun {
+                tx,
+                turn,
+                relayed: None,
+            }));
+        }
+        match self.inner.relay.wait(writer, *hash, within).await {
+            Some(Waited::Turn(turn)) => Ok(Some(Begun {
+                tx: pool.begin().await.map_err(unavailable)?,
+                turn,
+                relayed: None,
+            })),
+            Some(Waited::Relayed(baton)) => Ok(Some(Begun {
+                tx: baton.tx,
+                turn: baton.turn,
+                relayed: Some(baton.step),
+            })),
+            None => Ok(None),
         }
     }
 
@@ -161,6 +193,15 @@ impl<DB: Dialect> SqlStore<DB> {
     }
 }
 
+/// A transactional claim's transaction, with the turn to write.
+struct Begun<DB: Dialect> {
+    tx: sqlx::Transaction<'static, DB>,
+    turn: Turn,
+    /// What the claim found, if its transaction came relayed with its key
+    /// read; else the claim has yet to read it.
+    relayed: Option<ClaimStep>,
+}
+
 /// The answer to a claim of a key another attempt holds.
 fn in_flight(lease: Duration) -> TxClaim {
     TxClaim::Duplicate(Duplicate::InFlight { retry_after: lease })
@@ -192,8 +233,9 @@ struct SqlOpenTransaction<DB: Dialect> {
     /// The key's mark and the turn among open claims, given up with the
     /// transaction.
     _held: Held,
-    /// The turn to write, on SQLite; given up with the transaction.
-    _turn: Turn,
+    /// The turn to write, on SQLite; given up with the transaction, or
+    /// handed on with the next claim's at commit.
+    turn: Turn,
 }
 
 impl<DB: Dialect> OpenTransaction for SqlOpenTransaction<DB> {
@@ -207,23 +249,52 @@ impl<DB: Dialect> OpenTransaction for SqlOpenTransaction<DB> {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
-            let tx = self.slot.take().await?;
+            let this = *self;
+            let tx = this.slot.take().await?;
             let args = ClaimArgs {
-                key_hash: &self.key_hash,
-                key: self.key.as_str(),
-                fingerprint: &self.fingerprint,
-                owner: &self.owner,
+                key_hash: &this.key_hash,
+                key: this.key.as_str(),
+                fingerprint: &this.fingerprint,
+                owner: &this.owner,
                 lease_ms: 0,
             };
-            let done = DB::tx_commit(
+            let inner = &this.store.inner;
+            let (outcome, ttl_ms) = (outcome.encode(), expiry_millis(ttl));
+            // Another claim waiting for the turn starts in this commit's
+            // call and gets the turn with its transaction (`relay.rs`).
+            let next = if inner.writer.one_at_a_time() {
+                inner.relay.next(&inner.writer)
+            } else {
+                None
+            };
+            let Some(next) = next else {
+                let done = DB::tx_commit(tx, &inner.queries, args, &outcome, ttl_ms)
+                    .await
+                    .map_err(unavailable)?;
+                return Error::fenced(done);
+            };
+            let (done, started) = DB::tx_commit_and_claim(
                 tx,
-                &self.store.inner.queries,
+                &inner.queries,
                 args,
-                &outcome.encode(),
-                expiry_millis(ttl),
+                &outcome,
+                ttl_ms,
+                next.key_hash(),
             )
             .await
             .map_err(unavailable)?;
+            if let Some((tx, step)) = started {
+                let baton = Baton {
+                    tx,
+                    step,
+                    turn: this.turn,
+                };
+                match next.hand(baton) {
+                    None => metrics::counter!(RELAYED).increment(1),
+                    // That claim is gone; its transaction holds the lock.
+                    Some(baton) => finish(baton.tx).await,
+                }
+            }
             Error::fenced(done)
         })
     }

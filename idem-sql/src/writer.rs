@@ -5,12 +5,11 @@
 //! again: under concurrent first requests most of a write's time was spent
 //! asleep. So the store's own writes in this process take turns here
 //! instead, first come first served, each handed the turn the moment the
-//! one before it is done. A batch takes its turn before a connection, so
-//! the writes waiting for a turn leave the pool to readers. A transactional
-//! claim takes its connection and begins first (among at most
-//! `max_transactions` open at once, the rest of the pool left to readers),
-//! so that the turn it then holds to its commit does not also cover taking
-//! a connection and BEGIN's round trip.
+//! one before it is done. A batch takes its turn before a connection, and
+//! so does a transactional claim, so the writes waiting for a turn leave
+//! the pool to readers; under load a transactional claim's turn comes
+//! relayed, with the committing claim's connection and its own
+//! transaction begun on it (`relay.rs`), and it takes no connection at all.
 //!
 //! What takes a turn: each batch of the store's plain writes (claims,
 //! completions, releases and renewals, run together: `batch.rs`; the read
@@ -19,10 +18,13 @@
 //! for its whole transaction, since it holds SQLite's write lock from its
 //! claim to its commit, waited for up to the store's lock timeout (then the
 //! claim is answered "in flight", as a wait on SQLite's lock that runs out
-//! is). Writes of other processes, and the application's own writes outside
-//! the store, still meet SQLite's busy handler.
+//! is); a transactional claim's turn may also come relayed, straight from
+//! the commit before it (`relay.rs`). Writes of other processes, and the
+//! application's own writes outside the store, still meet SQLite's busy
+//! handler.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 #[cfg(not(idem_loom))]
@@ -40,6 +42,8 @@ use loom_semaphore::{OwnedSemaphorePermit, Semaphore, timeout};
 #[derive(Debug)]
 pub(crate) struct WriterTurns {
     one: Option<Arc<Semaphore>>,
+    /// How many wait for a turn now (`relay.rs` yields to other writers).
+    waiting: AtomicUsize,
     /// The bug this one is built with, for its loom check to catch.
     #[cfg(all(test, idem_loom))]
     bug: Option<Bug>,
@@ -55,6 +59,15 @@ enum Bug {
     TurnKept,
 }
 
+/// One counted in [`WriterTurns::waiting`] until dropped.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// A turn to write, given back when dropped; empty where writers do not
 /// take turns.
 #[derive(Debug)]
@@ -67,6 +80,7 @@ impl WriterTurns {
     pub(crate) fn new(one_writer: bool) -> Self {
         Self {
             one: one_writer.then(|| Arc::new(Semaphore::new(1))),
+            waiting: AtomicUsize::new(0),
             #[cfg(all(test, idem_loom))]
             bug: None,
         }
@@ -77,12 +91,19 @@ impl WriterTurns {
         self.one.is_some()
     }
 
+    /// How many wait for a turn now.
+    pub(crate) fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::SeqCst)
+    }
+
     /// Waits for the turn to write, up to `within`; `None` if it did not
     /// come.
     pub(crate) async fn wait(&self, within: Duration) -> Option<Turn> {
         let Some(one) = &self.one else {
             return Some(Turn { _permit: None });
         };
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let _counted = Waiting(&self.waiting);
         // The semaphore is never closed: only the timeout gives `None`.
         let permit = timeout(within, Arc::clone(one).acquire_owned())
             .await

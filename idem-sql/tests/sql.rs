@@ -245,19 +245,14 @@ async fn sqlite_writes_of_one_store_take_turns_instead_of_failing_busy() {
     );
 }
 
-/// PostgreSQL: a transactional claim holds its key by an advisory lock and
-/// writes its record once, completed, at commit. While it is open nothing
-/// is in the table (a crash leaves nothing behind), another process's
-/// transactional claim is told "in flight" and a plain claim waits, then
-/// replays; a live record that got into the table meanwhile makes the
-/// commit fail, with none of its writes; an expired record is taken over.
-/// SQLite: a transactional claim begins its transaction before it waits for
-/// the turn to write, and holds a connection while it waits; at most
-/// `max_transactions` of them (half the pool by default) do, so the rest
-/// of the pool stays free for reads while one claim's handler runs and
-/// others queue behind it, and every queued claim then commits in turn.
+/// SQLite: a transactional claim waiting for the turn to write holds no
+/// connection: it takes one when its turn comes from the writers' queue,
+/// or is handed the committing claim's with its transaction begun
+/// (`relay.rs`). While one claim's handler runs and others queue behind
+/// it, that claim's connection is the only one in use, the rest of the
+/// pool free for reads, and every queued claim then commits in turn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_transactional_claims_waiting_for_their_turn_leave_half_the_pool() {
+async fn sqlite_transactional_claims_waiting_for_their_turn_hold_no_connection() {
     use idem_core::{Fingerprint, IdempotencyKey, OwnerToken};
     use idem_core::{TransactionalStore, TxClaim};
     use idem_sql::sqlx;
@@ -304,9 +299,9 @@ async fn sqlite_transactional_claims_waiting_for_their_turn_leave_half_the_pool(
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let in_use = pool.size() - pool.num_idle() as u32;
-    assert!(
-        in_use <= POOL / 2,
-        "{in_use} of {POOL} connections held by the open claim and those queued behind it"
+    assert_eq!(
+        in_use, 1,
+        "connections held by the open claim and those queued behind it"
     );
     let read: i64 = sqlx::query_scalar("SELECT 1")
         .fetch_one(&pool)
@@ -341,6 +336,12 @@ async fn sqlite_transactional_claims_waiting_for_their_turn_leave_half_the_pool(
     let _ = std::fs::remove_file(&path);
 }
 
+/// PostgreSQL: a transactional claim holds its key by an advisory lock and
+/// writes its record once, completed, at commit. While it is open nothing
+/// is in the table (a crash leaves nothing behind), another process's
+/// transactional claim is told "in flight" and a plain claim waits, then
+/// replays; a live record that got into the table meanwhile makes the
+/// commit fail, with none of its writes; an expired record is taken over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_transactional_claims_write_their_record_at_commit() {
     use idem_core::{Claim, Duplicate, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
@@ -530,11 +531,11 @@ async fn postgres_transactional_claims_write_their_record_at_commit() {
 }
 
 /// SQLite's transactional completion and COMMIT go in one script whose
-/// guard fails unless the completion changed the claim's own row: a claim
-/// whose row is gone at commit (here deleted through its own transaction)
-/// commits nothing, its effect included.
+/// guard fails unless the completed record was written: a claim that
+/// finds a live record of its key in the way at commit (here written
+/// through its own transaction) commits nothing, its effect included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_commit_without_the_claims_row_commits_nothing() {
+async fn sqlite_commit_over_a_live_record_commits_nothing() {
     use idem_core::{Fingerprint, IdempotencyKey, OwnerToken, TransactionalStore, TxClaim};
     use idem_sql::sqlx::{self, Sqlite};
 
@@ -568,10 +569,13 @@ async fn sqlite_commit_without_the_claims_row_commits_nothing() {
             .await
             .unwrap();
         sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DELETE FROM {} WHERE idem_key = ?1",
+            "INSERT INTO {} (key_hash, idem_key, state, fingerprint, outcome, expires_at) \
+             VALUES (?1, ?2, 'C', ?3, X'00', 9223372036854775807)",
             store.table()
         )))
+        .bind(&blake3::hash(key.as_str().as_bytes()).as_bytes()[..])
         .bind(key.as_str())
+        .bind(&[6u8; 32][..])
         .execute(&mut *conn)
         .await
         .unwrap();

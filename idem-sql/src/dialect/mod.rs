@@ -25,6 +25,12 @@ use super::SqlStore;
 use super::batch::{Write, Written};
 use idem_core::{Error, OwnerToken};
 
+/// The next transactional claim started by
+/// [`Dialect::tx_commit_and_claim`]: its transaction and what its claim
+/// found.
+#[allow(unreachable_pub)] // sealed: named only inside the crate
+pub type Started<DB> = (sqlx::Transaction<'static, DB>, ClaimStep);
+
 /// A database idem keeps records in and runs its guards on: PostgreSQL
 /// (`sqlx::Postgres`), MySQL or MariaDB (`sqlx::MySql`), SQLite
 /// (`sqlx::Sqlite`).
@@ -191,10 +197,11 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
     /// `lock_timeout`.
     ///
     /// Where a lock alone holds the key to the end of the transaction
-    /// (PostgreSQL), a read under that lock: a live row answers, anything
-    /// else leaves the key to this claim, and nothing is written until
-    /// [`Dialect::tx_commit`]. Elsewhere [`Dialect::claim`], which writes
-    /// the claim's row: that row, written in the transaction, holds the key.
+    /// (PostgreSQL's advisory lock, SQLite's write lock), a read under that
+    /// lock: a live row answers, anything else leaves the key to this
+    /// claim, and nothing is written until [`Dialect::tx_commit`].
+    /// Elsewhere (MySQL/MariaDB) [`Dialect::claim`], which writes the
+    /// claim's row: that row, written in the transaction, holds the key.
     #[doc(hidden)]
     fn tx_claim(
         conn: &mut Self::Connection,
@@ -234,6 +241,28 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
                 tx.rollback().await?;
             }
             Ok(done)
+        }
+    }
+
+    /// [`Dialect::tx_commit`], and in the same call to the database the
+    /// start of the next transactional claim, of `next_hash`, on the same
+    /// connection, where writers take turns ([`Dialect::ONE_WRITER`],
+    /// `sql/relay.rs`): that claim's transaction, holding the write lock,
+    /// and what its claim found, if the commit went through and the next
+    /// claim started. By default the commit alone.
+    #[doc(hidden)]
+    fn tx_commit_and_claim(
+        tx: sqlx::Transaction<'static, Self>,
+        queries: &Queries,
+        args: ClaimArgs<'_>,
+        outcome: &[u8],
+        ttl_ms: i64,
+        next_hash: &[u8; 32],
+    ) -> impl Future<Output = Result<(bool, Option<Started<Self>>), sqlx::Error>> + Send {
+        let _ = next_hash;
+        async move {
+            let done = Self::tx_commit(tx, queries, args, outcome, ttl_ms).await?;
+            Ok((done, None))
         }
     }
 

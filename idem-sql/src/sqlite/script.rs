@@ -1,68 +1,94 @@
-//! The end of a transactional claim on SQLite, in one call to the
-//! connection's worker thread.
+//! A transactional claim's statements on SQLite, several to one call to
+//! the connection's worker thread.
 //!
-//! sqlx runs each statement on the connection's own thread and wakes the
-//! caller's task with its answer: a hand-off each way per statement, made
-//! while the claim holds the database's one turn to write. A script of
-//! several statements (`sqlx::raw_sql`) is one hand-off. It has no
-//! parameters: the values are written into its text, only values the
-//! store makes, as blob literals of hexadecimal digits (`X'…'`) and
-//! integers. The table name is a checked identifier
-//! (`validate_identifier`). The fuzz target `fuzz/fuzz_targets/sql_script.rs`
-//! (which includes this file and `hex_digits.rs` by path: they need
-//! nothing but std) checks that no value changes a script's shape.
+//! sqlx runs each query on the connection's own thread and wakes the
+//! caller's task with its answer: a hand-off each way per query, made
+//! while the claim holds the database's one turn to write. A query of
+//! several statements is one hand-off, and on SQLite it takes parameters
+//! like any other: sqlx binds each statement's `?N` to the query's N-th
+//! value, and prepares the statements once per connection (its statement
+//! cache), so that SQLite parses nothing per claim. The table name is a
+//! checked identifier (`validate_identifier`).
+//!
+//! A claim holds its key by the database's write lock, which it takes at
+//! its start ([`claim`]) and holds to its commit: under that lock no other
+//! connection writes, so what the claim's read found stays so until the
+//! commit, which writes the record, completed ([`commit`]). sqlx counts its
+//! transaction as open from its own BEGIN to its COMMIT or ROLLBACK; every
+//! query here leaves a transaction open on the connection for it to end.
 
-/// `value` as a blob literal.
-pub(crate) fn blob(value: &[u8]) -> String {
-    let mut out = String::from("X'");
-    crate::hex_digits::push(&mut out, value);
-    out.push('\'');
-    out
-}
+/// Where [`claim`]'s BEGIN IMMEDIATE is among its statements: how many run
+/// before it (COMMIT).
+pub(crate) const CLAIM_BEGINS_AT: usize = 1;
 
-/// A transactional claim's completion.
-pub(crate) struct Completion<'a> {
-    pub(crate) key_hash: &'a [u8; 32],
-    pub(crate) owner: &'a [u8],
-    pub(crate) outcome: &'a [u8],
-    pub(crate) ttl_ms: i64,
-}
-
-/// The claim's row completed, then COMMIT, with `now` the store's clock
-/// expression.
-///
-/// Between them, a statement that fails unless the update changed exactly
-/// one row (`abs()` of the least 64-bit integer is SQLite's overflow
-/// error), so that a row that is not this claim's is never committed: the
-/// rest of the script does not run. The claim holds the write lock from
-/// its row's insert, so no other writer can have changed that row; this
-/// check is the proof, not a path expected to run.
-///
-/// Then BEGIN: sqlx still counts the transaction as open, and rolls it back
-/// when its handle is dropped; what it rolls back is this empty, deferred
-/// transaction, which holds no lock.
-pub(crate) fn commit(table: &str, now: &str, completion: &Completion<'_>) -> String {
+/// The start of a transactional claim of the key hashed `?1`, in the
+/// deferred transaction sqlx just began (which has taken no lock and read
+/// nothing): that empty transaction committed and an immediate one begun
+/// in its place, which takes the write lock (waiting for another process's
+/// writer up to the busy timeout), then [`read`] of `?1`, with `ms_left`
+/// the store's expression for the milliseconds a record has left.
+pub(crate) fn claim(table: &str, ms_left: &str) -> String {
     format!(
-        "UPDATE {table} SET state = 'C', owner = NULL, outcome = {outcome}, \
-           expires_at = {now} + {ttl_ms} \
-           WHERE key_hash = {hash} AND state = 'I' AND owner = {owner}; \
-         SELECT abs(-9223372036854775808) WHERE changes() <> 1; \
-         COMMIT; \
-         BEGIN",
-        outcome = blob(completion.outcome),
-        ttl_ms = completion.ttl_ms,
-        hash = blob(completion.key_hash),
-        owner = blob(completion.owner),
+        "COMMIT; \
+         BEGIN IMMEDIATE; \
+         {read}",
+        read = read(table, ms_left, 1),
     )
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The record of the key hashed `?{param}`, with the milliseconds it has
+/// left.
+fn read(table: &str, ms_left: &str, param: usize) -> String {
+    format!(
+        "SELECT state, owner, fingerprint, outcome, {ms_left} FROM {table} \
+           WHERE key_hash = ?{param}"
+    )
+}
 
-    #[test]
-    fn blobs_are_hex_digits_between_quotes() {
-        assert_eq!(blob(b"\x00'\\"), "X'00275c'");
-        assert_eq!(blob(b""), "X''");
-    }
+/// The end of a transactional claim begun by [`claim`]: its record written
+/// completed ([`complete`]: key hash `?1`, key `?2`, fingerprint `?3`,
+/// outcome `?4`, retention in milliseconds `?5`), COMMIT, and BEGIN, with
+/// `now` the store's clock expression. What sqlx rolls back when it drops
+/// its transaction is that empty, deferred one, which holds no lock.
+pub(crate) fn commit(table: &str, now: &str) -> String {
+    format!("{} BEGIN", complete(table, now))
+}
+
+/// Where [`commit_and_claim`]'s BEGIN IMMEDIATE is among its statements:
+/// how many run before it (the completion's two and COMMIT), the
+/// committing claim's.
+pub(crate) const NEXT_BEGINS_AT: usize = 3;
+
+/// [`commit`] that starts the claim of the key hashed `?6` in its place,
+/// in the same call: BEGIN IMMEDIATE and [`read`], where [`commit`] has a
+/// deferred BEGIN. The write lock then passes from one claim to the next
+/// without being let go in between.
+pub(crate) fn commit_and_claim(table: &str, now: &str, ms_left: &str) -> String {
+    format!(
+        "{} BEGIN IMMEDIATE; {}",
+        complete(table, now),
+        read(table, ms_left, 6),
+    )
+}
+
+/// The record inserted completed (over an expired one of the key), a
+/// statement that fails unless the insert wrote exactly one row (`abs()` of
+/// the least 64-bit integer is SQLite's overflow error, and the rest of
+/// the query does not run), then COMMIT: nothing is committed over a live
+/// record. The claim read the key under the write lock it still holds, so
+/// no live record can be there; the check is the proof, not a path expected
+/// to run.
+fn complete(table: &str, now: &str) -> String {
+    format!(
+        "INSERT INTO {table} AS r \
+           (key_hash, idem_key, state, owner, fingerprint, outcome, expires_at) \
+           VALUES (?1, ?2, 'C', NULL, ?3, ?4, {now} + ?5) \
+           ON CONFLICT (key_hash) DO UPDATE SET \
+             idem_key = excluded.idem_key, state = 'C', owner = NULL, \
+             fingerprint = excluded.fingerprint, outcome = excluded.outcome, \
+             expires_at = excluded.expires_at, created_at = {now} \
+           WHERE r.expires_at <= {now}; \
+         SELECT abs(-9223372036854775808) WHERE changes() <> 1; \
+         COMMIT;"
+    )
 }

@@ -1,0 +1,241 @@
+//! SQLite's transactional claims pass the write lock on (`idem-sql/src/
+//! relay.rs`): a claim that commits while others wait for the turn to
+//! write starts the first of them in its commit's own call, and hands it
+//! the transaction and the turn. These tests check the order and the
+//! count of those hand-offs, a waiting claim that is dropped or finds its
+//! key completed, and, under concurrent duplicates from two stores on one
+//! file, that every key's handler writes once.
+#![cfg(feature = "sqlite")]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem_core::{Duplicate, Fingerprint, IdempotencyKey, Outcome, OwnerToken, StoredResponse};
+use idem_core::{TransactionalStore, TxClaim, TxHandle};
+use idem_sql::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+use idem_sql::sqlx::{self, Sqlite, SqlitePool};
+use idem_sql::{SqliteStore, TxSlot};
+use metrics_exporter_prometheus::PrometheusBuilder;
+use tokio::task::JoinSet;
+
+const LEASE: Duration = Duration::from_secs(30);
+const KEEP: Duration = Duration::from_secs(600);
+/// Long enough for spawned tasks to reach the line behind the held turn.
+const QUEUE_UP: Duration = Duration::from_millis(300);
+
+fn rand_u64() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::time::SystemTime::now())
+}
+
+/// A fresh SQLite file in WAL with an `effects` table, and a pool on it
+/// whose busy timeout is `busy`.
+async fn file(busy: Duration) -> (SqliteConnectOptions, SqlitePool) {
+    let path = std::env::temp_dir().join(format!("idem-test-relay-{:016x}.db", rand_u64()));
+    let options = SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(busy);
+    let pool = pool_on(options.clone()).await;
+    sqlx::query("CREATE TABLE effects (k TEXT NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    (options, pool)
+}
+
+async fn pool_on(options: SqliteConnectOptions) -> SqlitePool {
+    SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(options)
+        .await
+        .expect("a SQLite file in the temp directory")
+}
+
+async fn store_on(pool: SqlitePool) -> SqliteStore {
+    let store = SqliteStore::new(pool);
+    store.migrate().await.expect("migrate");
+    store
+}
+
+fn key(name: &str) -> IdempotencyKey {
+    IdempotencyKey::new("idem-test:", name)
+}
+
+fn fp() -> Fingerprint {
+    Fingerprint::from_bytes([5; 32])
+}
+
+fn done(body: &str) -> Outcome {
+    Outcome::Response(StoredResponse::new(
+        http::StatusCode::CREATED,
+        http::HeaderMap::new(),
+        body.to_owned(),
+    ))
+}
+
+async fn claim(store: &SqliteStore, name: &str) -> TxClaim {
+    store
+        .claim_in_transaction(&key(name), &fp(), LEASE, OwnerToken::generate())
+        .await
+        .expect("a claim")
+}
+
+/// The handler's effect, written in the claim's transaction.
+async fn write_effect(handle: TxHandle, name: &str) {
+    let mut guard = handle.get::<TxSlot<Sqlite>>().unwrap().lock().await;
+    sqlx::query("INSERT INTO effects (k) VALUES (?1)")
+        .bind(name)
+        .execute(&mut **guard.as_mut().unwrap())
+        .await
+        .expect("the effect, in the claim's transaction");
+}
+
+/// Claims `name`, and if the claim is open writes its effect and commits;
+/// what the claim answered otherwise.
+async fn claim_write_commit(store: &SqliteStore, name: &str) -> Option<Duplicate> {
+    match claim(store, name).await {
+        TxClaim::Open(open) => {
+            write_effect(open.handle(), name).await;
+            open.commit(&done(name), KEEP).await.expect("commit");
+            None
+        }
+        TxClaim::Duplicate(duplicate) => Some(duplicate),
+    }
+}
+
+async fn count(pool: &SqlitePool, sql: &'static str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+/// Claims wait in line behind an open claim: a fresh key, one dropped
+/// while it waits, a key completed before, another fresh key. The open
+/// claim's commit starts the first; its commit starts the duplicate (the
+/// dropped claim left the line), which replays and rolls back, giving the
+/// turn back; the last takes it and starts itself. Two hand-offs, counted;
+/// every effect once. With a busy timeout of zero, a lock let go and
+/// taken again while another connection wrote would fail at once.
+///
+/// On a current-thread runtime: the metrics recorder is this thread's.
+#[tokio::test]
+async fn waiting_claims_are_started_by_the_commit_before_in_order() {
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let scrape = recorder.handle();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let (_, pool) = file(Duration::ZERO).await;
+    let store = store_on(pool.clone()).await;
+    assert_eq!(claim_write_commit(&store, "completed").await, None);
+
+    let TxClaim::Open(holder) = claim(&store, "holder").await else {
+        panic!("a fresh key is acquired");
+    };
+    write_effect(holder.handle(), "holder").await;
+    let mut waiting = Vec::new();
+    for name in ["first-in-line", "dropped", "completed", "last-in-line"] {
+        let store = store.clone();
+        waiting.push(tokio::spawn(async move {
+            claim_write_commit(&store, name).await
+        }));
+        // Each reaches the line before the next one starts.
+        tokio::time::sleep(QUEUE_UP / 4).await;
+    }
+    let [first, dropped, completed, last] = <[_; 4]>::try_from(waiting).ok().unwrap();
+    dropped.abort();
+    assert!(dropped.await.unwrap_err().is_cancelled());
+    holder.commit(&done("holder"), KEEP).await.expect("commit");
+
+    assert_eq!(first.await.unwrap(), None, "first in line committed");
+    assert_eq!(
+        completed.await.unwrap(),
+        Some(Duplicate::Replay(done("completed"))),
+        "the completed key replays"
+    );
+    assert_eq!(last.await.unwrap(), None, "last in line committed");
+    let relayed = scrape.render();
+    assert!(
+        relayed.contains("idem_sqlite_claims_relayed_total 2\n"),
+        "two hand-offs: to the first in line, then to the duplicate\n{relayed}"
+    );
+    for name in ["completed", "holder", "first-in-line", "last-in-line"] {
+        let effects: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM effects WHERE k = ?1")
+            .bind(name)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(effects, 1, "{name}");
+    }
+    assert_eq!(count(&pool, "SELECT COUNT(*) FROM effects").await, 4);
+    assert_eq!(
+        count(&pool, "SELECT COUNT(*) FROM idem_records WHERE state = 'C'").await,
+        4,
+        "the dropped claim left nothing"
+    );
+}
+
+/// Concurrent transactional first requests and their duplicates, from
+/// tasks on a multi-thread runtime and two stores on one file (two
+/// processes' worth: each passes the lock among its own claims, and meets
+/// the other's at SQLite's lock): every key's handler writes once, every
+/// duplicate replays it in the end, and no claim fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_duplicates_across_two_stores_write_each_key_once() {
+    const KEYS: usize = 24;
+    const COPIES: usize = 3;
+    let (options, pool) = file(Duration::from_secs(5)).await;
+    let stores = [
+        store_on(pool.clone()).await,
+        store_on(pool_on(options).await).await,
+    ];
+    let ran = Arc::new(AtomicUsize::new(0));
+    let mut tasks = JoinSet::new();
+    for copy in 0..COPIES {
+        for n in 0..KEYS {
+            let store = stores[(n + copy) % 2].clone();
+            let ran = Arc::clone(&ran);
+            tasks.spawn(async move {
+                let name = format!("key-{n}");
+                loop {
+                    match claim(&store, &name).await {
+                        TxClaim::Open(open) => {
+                            ran.fetch_add(1, Ordering::SeqCst);
+                            write_effect(open.handle(), &name).await;
+                            open.commit(&done(&name), KEEP).await.expect("commit");
+                            return;
+                        }
+                        TxClaim::Duplicate(Duplicate::Replay(outcome)) => {
+                            assert_eq!(outcome, done(&name));
+                            return;
+                        }
+                        TxClaim::Duplicate(Duplicate::InFlight { .. }) => {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        TxClaim::Duplicate(other) => panic!("{name}: {other:?}"),
+                    }
+                }
+            });
+        }
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("no claim fails or panics");
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), KEYS, "one handler run per key");
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT COUNT(*) FROM (SELECT k FROM effects GROUP BY k HAVING COUNT(*) = 1)"
+        )
+        .await,
+        KEYS as i64,
+        "every key's effect once"
+    );
+    assert_eq!(
+        count(&pool, "SELECT COUNT(*) FROM effects").await,
+        KEYS as i64
+    );
+    assert_eq!(
+        count(&pool, "SELECT COUNT(*) FROM idem_records WHERE state = 'C'").await,
+        KEYS as i64
+    );
+}
