@@ -63,7 +63,10 @@ impl<DB: Dialect> SqlStoreBuilder<DB> {
     /// of the pool stays for what the handlers read through the pool, for
     /// duplicates' checks and for the rest of the application. Duplicates
     /// of a key open in this process never wait for a turn: they are
-    /// answered "in flight" from memory.
+    /// answered "in flight" from memory. On SQLite, where one claim writes
+    /// at a time, the claims waiting for the turn to write hold no
+    /// connection either, and under load each is handed the connection of
+    /// the claim that commits before it.
     pub fn max_transactions(mut self, n: usize) -> Self {
         self.max_transactions = Some(n);
         self

@@ -3,7 +3,8 @@
 //! write starts the first of them in its commit's own call, and hands it
 //! the transaction and the turn. These tests check the order and the
 //! count of those hand-offs, a waiting claim that is dropped or finds its
-//! key completed, and, under concurrent duplicates from two stores on one
+//! key completed, that the line yields to a batch of plain writes waiting
+//! for the turn, and, under concurrent duplicates from two stores on one
 //! file, that every key's handler writes once.
 #![cfg(feature = "sqlite")]
 
@@ -238,4 +239,62 @@ async fn concurrent_duplicates_across_two_stores_write_each_key_once() {
         count(&pool, "SELECT COUNT(*) FROM idem_records WHERE state = 'C'").await,
         KEYS as i64
     );
+}
+
+/// The line yields to the store's other writers: a claim that commits
+/// while a batch of plain writes waits for the turn hands nothing on, and
+/// gives the turn back to the writers' queue, where the transactional
+/// claim that queued first takes it, then the batch. Nothing is relayed,
+/// and every write is done.
+///
+/// On a current-thread runtime: the metrics recorder is this thread's.
+#[tokio::test]
+async fn the_line_yields_to_a_batch_waiting_for_the_turn() {
+    use idem_core::{Claim, IdempotencyStore};
+
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let scrape = recorder.handle();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let (_, pool) = file(Duration::from_secs(5)).await;
+    let store = store_on(pool.clone()).await;
+
+    let TxClaim::Open(holder) = claim(&store, "holder").await else {
+        panic!("a fresh key is acquired");
+    };
+    let in_line = {
+        let store = store.clone();
+        tokio::spawn(async move { claim_write_commit(&store, "in-line").await })
+    };
+    tokio::time::sleep(QUEUE_UP / 2).await;
+    let plain = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let claim = store
+                .claim(&key("plain"), &fp(), LEASE, OwnerToken::generate())
+                .await
+                .expect("the plain claim");
+            let Claim::Acquired(owner) = claim else {
+                panic!("a fresh key is acquired: {claim:?}");
+            };
+            store
+                .complete(&key("plain"), &owner, &done("plain"), KEEP)
+                .await
+                .expect("the plain completion");
+        })
+    };
+    tokio::time::sleep(QUEUE_UP / 2).await;
+    holder.commit(&done("holder"), KEEP).await.expect("commit");
+
+    assert_eq!(in_line.await.unwrap(), None, "the claim in line committed");
+    plain.await.expect("the plain writes were done");
+    let metrics = scrape.render();
+    assert!(
+        !metrics.contains("idem_sqlite_claims_relayed_total"),
+        "nothing relayed past a waiting batch\n{metrics}"
+    );
+    assert_eq!(
+        count(&pool, "SELECT COUNT(*) FROM idem_records WHERE state = 'C'").await,
+        3
+    );
+    assert_eq!(count(&pool, "SELECT COUNT(*) FROM effects").await, 1);
 }
