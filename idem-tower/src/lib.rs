@@ -163,7 +163,9 @@
 //! (`idem_lease_renewals_total{result, route}`: `ok`, `failed`, `lost`),
 //! and the SQL stores' purges count the expired records they delete
 //! (`idem_records_purged_total`), through the [metrics] facade: install
-//! any recorder, such as `metrics-exporter-prometheus`. The keys duplicates
+//! any recorder, such as `metrics-exporter-prometheus`. The stores count
+//! their own events too (the tiered store's `idem_tier_*`, SQLite's
+//! `idem_sqlite_claims_relayed_total`): `docs/metrics.md` lists them all. The keys duplicates
 //! hit most come from [`Idempotency::top_duplicated_keys`]. Spans and events go
 //! through `tracing`, with keys as short hashes, never request bodies.
 //!
