@@ -173,7 +173,7 @@ use std::time::Duration;
 use batch::Batches;
 pub use builder::SqlStoreBuilder;
 pub use dialect::Dialect;
-use dialect::{ClaimArgs, ClaimStep, Queries};
+use dialect::{ClaimArgs, ClaimStep, Queries, Started};
 pub use dialect::{Value, bind_all};
 /// idem-core, for the conformance macros' expansions.
 #[doc(hidden)]
@@ -253,7 +253,7 @@ struct Inner<DB: Dialect> {
     lock_timeout: Duration,
     open: Arc<OpenClaims>,
     writer: WriterTurns,
-    relay: Relay<DB>,
+    relay: Relay<Started<DB>>,
     batches: Batches<DB>,
 }
 

@@ -26,61 +26,84 @@
 //! to their timeout.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+#[cfg(idem_loom)]
+use loom::sync::{
+    Mutex, MutexGuard,
+    atomic::{AtomicU64, Ordering},
+};
+#[cfg(not(idem_loom))]
+use std::sync::{
+    Mutex, MutexGuard,
+    atomic::{AtomicU64, Ordering},
+};
 use tokio::sync::oneshot;
 
-use super::dialect::{ClaimStep, Dialect};
 use super::writer::{Turn, WriterTurns};
 
 /// Counts the claims started in the commit of the one before and handed
 /// the turn.
 pub(crate) const RELAYED: &str = "idem_sqlite_claims_relayed_total";
 
-/// The transactional claims waiting for the turn to write, in order.
-pub(crate) struct Relay<DB: Dialect> {
-    line: Mutex<VecDeque<InLine<DB>>>,
+/// The transactional claims waiting for the turn to write, in order; `T`
+/// is what a claim is handed with the turn (the store's: its transaction
+/// begun and what its read found).
+pub(crate) struct Relay<T> {
+    line: Mutex<VecDeque<InLine<T>>>,
     next_place: AtomicU64,
+    /// The bug this one is built with, for its loom check to catch.
+    #[cfg(all(test, idem_loom))]
+    bug: Option<Bug>,
+}
+
+/// A known bug seeded into the relay under loom, that `loom_checks` must
+/// catch.
+#[cfg(all(test, idem_loom))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bug {
+    /// A claim that stops waiting (its turn came from the queue, or never
+    /// came) stays in the line.
+    LeftInLine,
 }
 
 /// A claim in the line: its key, and where its baton goes.
-struct InLine<DB: Dialect> {
+struct InLine<T> {
     place: u64,
     key_hash: [u8; 32],
-    baton: oneshot::Sender<Baton<DB>>,
+    baton: oneshot::Sender<Baton<T>>,
 }
 
-/// What a committing claim hands the next: its connection, with the next
-/// claim's transaction begun (holding the write lock), what the read of
-/// the next claim's key found, and the turn to write.
-pub(crate) struct Baton<DB: Dialect> {
-    pub(crate) tx: sqlx::Transaction<'static, DB>,
-    pub(crate) step: ClaimStep,
+/// What a committing claim hands the next: the next claim's start (its
+/// transaction begun on the committing claim's connection, holding the
+/// write lock, and what the read of its key found) and the turn to write.
+pub(crate) struct Baton<T> {
+    pub(crate) started: T,
     pub(crate) turn: Turn,
 }
 
 /// How a waiting claim's turn came.
-pub(crate) enum Waited<DB: Dialect> {
+pub(crate) enum Waited<T> {
     /// From the writers' queue: the claim starts its own transaction.
     Turn(Turn),
     /// Relayed: the claim's transaction is begun and its key read.
-    Relayed(Baton<DB>),
+    Relayed(Baton<T>),
 }
 
 /// The claim taken from the line by the turn's holder, to start in its
 /// commit and hand the [`Baton`].
-pub(crate) struct Next<DB: Dialect> {
+pub(crate) struct Next<T> {
     key_hash: [u8; 32],
-    baton: oneshot::Sender<Baton<DB>>,
+    baton: oneshot::Sender<Baton<T>>,
 }
 
-impl<DB: Dialect> Relay<DB> {
+impl<T> Relay<T> {
     pub(crate) fn new() -> Self {
         Self {
             line: Mutex::new(VecDeque::new()),
             next_place: AtomicU64::new(0),
+            #[cfg(all(test, idem_loom))]
+            bug: None,
         }
     }
 
@@ -92,7 +115,7 @@ impl<DB: Dialect> Relay<DB> {
         writer: &WriterTurns,
         key_hash: [u8; 32],
         within: Duration,
-    ) -> Option<Waited<DB>> {
+    ) -> Option<Waited<T>> {
         let (baton, mut relayed) = oneshot::channel();
         let place = self.next_place.fetch_add(1, Ordering::Relaxed);
         self.lock().push_back(InLine {
@@ -129,7 +152,7 @@ impl<DB: Dialect> Relay<DB> {
     /// The first claim in the line, for the turn's holder to start in its
     /// commit; `None` if there is none, or if another writer waits for the
     /// turn (the line yields to it).
-    pub(crate) fn next(&self, writer: &WriterTurns) -> Option<Next<DB>> {
+    pub(crate) fn next(&self, writer: &WriterTurns) -> Option<Next<T>> {
         let mut line = self.lock();
         // Every claim in the line also waits in the writers' queue; anyone
         // more there is another writer.
@@ -142,7 +165,7 @@ impl<DB: Dialect> Relay<DB> {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<InLine<DB>>> {
+    fn lock(&self) -> MutexGuard<'_, VecDeque<InLine<T>>> {
         // Nothing panics while holding it; a poisoned line is still whole.
         self.line
             .lock()
@@ -150,7 +173,7 @@ impl<DB: Dialect> Relay<DB> {
     }
 }
 
-impl<DB: Dialect> Next<DB> {
+impl<T> Next<T> {
     /// The key of the claim to start.
     pub(crate) fn key_hash(&self) -> &[u8; 32] {
         &self.key_hash
@@ -158,29 +181,141 @@ impl<DB: Dialect> Next<DB> {
 
     /// Hands the baton to the claim; gives it back if that claim is gone
     /// (its request dropped).
-    pub(crate) fn hand(self, baton: Baton<DB>) -> Option<Baton<DB>> {
+    pub(crate) fn hand(self, baton: Baton<T>) -> Option<Baton<T>> {
         self.baton.send(baton).err()
     }
 }
 
 /// A claim's place in the line, left when dropped.
-struct Leave<'a, DB: Dialect> {
-    relay: &'a Relay<DB>,
+struct Leave<'a, T> {
+    relay: &'a Relay<T>,
     place: u64,
 }
 
-impl<DB: Dialect> Leave<'_, DB> {
+impl<T> Leave<'_, T> {
     /// Leaves the line; `false` if the claim had been taken from it (or
     /// had left already).
     fn leave(&self) -> bool {
+        #[cfg(all(test, idem_loom))]
+        if self.relay.bug == Some(Bug::LeftInLine) {
+            return true;
+        }
         let mut line = self.relay.lock();
         let at = line.iter().position(|claim| claim.place == self.place);
         at.and_then(|at| line.remove(at)).is_some()
     }
 }
 
-impl<DB: Dialect> Drop for Leave<'_, DB> {
+impl<T> Drop for Leave<'_, T> {
     fn drop(&mut self) {
         self.leave();
+    }
+}
+
+#[cfg(all(test, idem_loom))]
+mod loom_checks {
+    //! The relay under loom (`.ci/loom`): every interleaving of a turn's
+    //! holder that hands it on at its end and two claims waiting in line,
+    //! one for as long as it takes, the other giving up at any moment (its
+    //! timeout is loom's stand-in, `writer/loom_semaphore.rs`), each of
+    //! which, once it has the turn (from the writers' queue or relayed),
+    //! writes and hands it on or gives it back as a commit does.
+    //! Properties: one writer at a time; a claim that waits for as long as
+    //! it takes gets the turn and none waits forever (a deadlock loom
+    //! reports); at the end the turn is free and the line empty.
+
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+
+    use loom::future::block_on;
+    use loom::sync::Arc;
+    use loom::sync::atomic::AtomicUsize;
+    use loom::thread;
+
+    use super::*;
+
+    /// The writes of one turn: no other writer writes meanwhile.
+    fn write(writing: &AtomicUsize) {
+        let before = writing.fetch_add(1, Ordering::SeqCst);
+        assert_eq!(before, 0, "two writers at once");
+        writing.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// A claim's end: the turn handed to the first claim in line, with a
+    /// start of its own, or given back to the writers' queue.
+    fn end(relay: &Relay<u8>, turns: &WriterTurns, turn: Turn) {
+        match relay.next(turns) {
+            Some(next) => drop(next.hand(Baton { started: 7, turn })),
+            None => drop(turn),
+        }
+    }
+
+    /// A claim that waits up to `within`; whether it got the turn.
+    fn claim(
+        relay: &Relay<u8>,
+        turns: &WriterTurns,
+        writing: &AtomicUsize,
+        within: Duration,
+    ) -> bool {
+        let turn = match block_on(relay.wait(turns, [0; 32], within)) {
+            Some(Waited::Turn(turn)) => turn,
+            Some(Waited::Relayed(Baton { started, turn })) => {
+                assert_eq!(started, 7, "relayed with its start");
+                turn
+            }
+            None => return false,
+        };
+        write(writing);
+        end(relay, turns, turn);
+        true
+    }
+
+    /// A holder and two waiting claims, on a relay built with `bug`.
+    fn claims_relayed(bug: Option<Bug>) {
+        loom::model(move || {
+            let turns = Arc::new(WriterTurns::new(true));
+            let relay = Arc::new(Relay {
+                bug,
+                ..Relay::new()
+            });
+            let writing = Arc::new(AtomicUsize::new(0));
+            let holder = block_on(turns.wait(Duration::MAX)).expect("the first turn");
+            let waiting = [Duration::from_secs(1), Duration::MAX].map(|within| {
+                let (relay, turns, writing) =
+                    (Arc::clone(&relay), Arc::clone(&turns), Arc::clone(&writing));
+                thread::spawn(move || claim(&relay, &turns, &writing, within))
+            });
+            write(&writing);
+            end(&relay, &turns, holder);
+            // The hasty one may or may not have got the turn.
+            let [_hasty, patient] = waiting.map(|claim| claim.join().unwrap());
+            assert!(
+                patient,
+                "the claim that waits as long as it takes got the turn"
+            );
+            assert_eq!(turns.free(), 1, "a turn was never given back");
+            assert!(relay.lock().is_empty(), "a claim was left in the line");
+        });
+    }
+
+    #[test]
+    fn one_writer_at_a_time_and_every_claim_served_or_gone() {
+        claims_relayed(None);
+    }
+
+    #[test]
+    fn seeded_bug_a_claim_left_in_the_line_is_caught() {
+        let caught = catch_unwind(AssertUnwindSafe(|| claims_relayed(Some(Bug::LeftInLine))));
+        let panic = caught.expect_err("loom missed a claim left in the line");
+        // A panic with a literal message carries a `&str`, a formatted one
+        // a `String`.
+        let message = panic
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("");
+        assert!(
+            message.contains("a claim was left in the line"),
+            "{message}"
+        );
     }
 }

@@ -150,10 +150,13 @@ impl<DB: Dialect> SqlStore<DB> {
                 turn,
                 relayed: None,
             })),
-            Some(Waited::Relayed(baton)) => Ok(Some(Begun {
-                tx: baton.tx,
-                turn: baton.turn,
-                relayed: Some(baton.step),
+            Some(Waited::Relayed(Baton {
+                started: (tx, step),
+                turn,
+            })) => Ok(Some(Begun {
+                tx,
+                turn,
+                relayed: Some(step),
             })),
             None => Ok(None),
         }
@@ -283,16 +286,17 @@ impl<DB: Dialect> OpenTransaction for SqlOpenTransaction<DB> {
             )
             .await
             .map_err(unavailable)?;
-            if let Some((tx, step)) = started {
+            if let Some(started) = started {
                 let baton = Baton {
-                    tx,
-                    step,
+                    started,
                     turn: this.turn,
                 };
                 match next.hand(baton) {
                     None => metrics::counter!(RELAYED).increment(1),
                     // That claim is gone; its transaction holds the lock.
-                    Some(baton) => finish(baton.tx).await,
+                    Some(Baton {
+                        started: (tx, _), ..
+                    }) => finish(tx).await,
                 }
             }
             Error::fenced(done)

@@ -120,6 +120,14 @@ impl WriterTurns {
     }
 }
 
+#[cfg(all(test, idem_loom))]
+impl WriterTurns {
+    /// How many turns are free now (for the loom checks of `relay.rs`).
+    pub(crate) fn free(&self) -> usize {
+        self.one.as_ref().map_or(0, |one| one.available_permits())
+    }
+}
+
 #[cfg(all(test, not(idem_loom)))]
 mod tests {
     use super::*;
