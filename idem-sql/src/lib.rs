@@ -115,7 +115,9 @@
 //! commit, as on PostgreSQL), and under load it passes from one claim to
 //! the next without being let go: a claim that commits while others wait
 //! starts the first of them in its commit's own call to SQLite and hands
-//! it the transaction (counted in `idem_sqlite_claims_relayed_total`).
+//! it the transaction (counted in `idem_sqlite_claims_relayed_total`), at
+//! most four times in a row, so that writers outside the store find the
+//! lock free now and then.
 //! Keep SQLite's transactional handlers short, or use PostgreSQL for
 //! concurrent writers.
 //!

@@ -298,3 +298,47 @@ async fn the_line_yields_to_a_batch_waiting_for_the_turn() {
     );
     assert_eq!(count(&pool, "SELECT COUNT(*) FROM effects").await, 1);
 }
+
+/// The lock is handed on at most four times in a row, then let go for as
+/// long as the next claim takes to start on its own, so that writers
+/// outside the store, which SQLite's busy handler makes try again after a
+/// sleep, find it free now and then. Six claims wait behind an open one:
+/// its commit and the next three hand on (four), the fourth in line's
+/// does not, the fifth starts on its own and hands on to the sixth: five
+/// hand-offs, every claim committed.
+///
+/// On a current-thread runtime: the metrics recorder is this thread's.
+#[tokio::test]
+async fn the_lock_is_let_go_after_four_hand_offs_in_a_row() {
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let scrape = recorder.handle();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let (_, pool) = file(Duration::from_secs(5)).await;
+    let store = store_on(pool.clone()).await;
+
+    let TxClaim::Open(holder) = claim(&store, "holder").await else {
+        panic!("a fresh key is acquired");
+    };
+    let mut waiting = Vec::new();
+    for n in 0..6 {
+        let store = store.clone();
+        waiting.push(tokio::spawn(async move {
+            claim_write_commit(&store, &format!("in-line-{n}")).await
+        }));
+        tokio::time::sleep(QUEUE_UP / 6).await;
+    }
+    holder.commit(&done("holder"), KEEP).await.expect("commit");
+    for claim in waiting {
+        assert_eq!(claim.await.unwrap(), None, "every claim in line committed");
+    }
+    let relayed = scrape.render();
+    assert!(
+        relayed.contains("idem_sqlite_claims_relayed_total 5\n"),
+        "four hand-offs, the lock let go, then one more\n{relayed}"
+    );
+    assert_eq!(count(&pool, "SELECT COUNT(*) FROM effects").await, 6);
+    assert_eq!(
+        count(&pool, "SELECT COUNT(*) FROM idem_records WHERE state = 'C'").await,
+        7
+    );
+}
