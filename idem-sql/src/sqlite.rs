@@ -131,6 +131,7 @@ impl Dialect for Sqlite {
 
     const CLAIM_READS_FIRST: bool = false;
     const ONE_WRITER: bool = true;
+    const TX_BEGIN: Option<&'static str> = Some("BEGIN IMMEDIATE");
 
     /// A returned row means the claim inserted or took over the record;
     /// otherwise read what is in the way.
@@ -176,25 +177,12 @@ impl Dialect for Sqlite {
         args: ClaimArgs<'_>,
         lock_timeout: Duration,
     ) -> Result<ClaimStep, sqlx::Error> {
-        // The write lock, taken by BEGIN IMMEDIATE and held to the commit,
-        // holds the key; the claim only reads under it, in the same call
-        // to the connection's worker thread (`script.rs`). Nothing waits
-        // longer than the connection's busy timeout.
+        // The write lock, taken by the transaction's BEGIN IMMEDIATE
+        // (`TX_BEGIN`) and held to the commit, holds the key; the claim
+        // only reads under it. Nothing waits longer than the connection's
+        // busy timeout.
         let _ = lock_timeout;
-        let claim = script::claim(&q.table, &Self::ms_until("expires_at"));
-        let query = sqlx::query(AssertSqlSafe(claim)).bind(&args.key_hash[..]);
-        let ran = run(conn, query).await;
-        if let Some(err) = ran.failed {
-            if ran.statements == script::CLAIM_BEGINS_AT {
-                // BEGIN IMMEDIATE failed: no transaction is open now.
-                reopen(conn).await?;
-            }
-            if Self::is_lock_timeout(&err) {
-                return Ok(ClaimStep::Locked);
-            }
-            return Err(err);
-        }
-        Ok(tx_claim_step(ran.row.as_ref().map(record_row).transpose()?))
+        Ok(tx_claim_step(Self::read(conn, q, args.key_hash).await?))
     }
 
     async fn tx_commit(

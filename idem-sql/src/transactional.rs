@@ -127,8 +127,8 @@ impl<DB: Dialect> SqlStore<DB> {
     /// comes relayed (`relay.rs`), with the committing claim's connection,
     /// this claim's transaction begun on it and its key read; otherwise the
     /// turn was free, or given back by another writer, and the claim takes
-    /// a connection and begins (a deferred BEGIN: the claim's own script
-    /// takes the lock).
+    /// a connection and begins with BEGIN IMMEDIATE, which takes the lock
+    /// ([`SqlStore::begin_claim`]).
     async fn begin_in_turn(&self, hash: &[u8; 32]) -> Result<Option<Begun<DB>>, Error> {
         let (pool, writer, within) = (
             &self.inner.pool,
@@ -145,8 +145,8 @@ impl<DB: Dialect> SqlStore<DB> {
             }));
         }
         match self.inner.relay.wait(writer, *hash, within).await {
-            Some(Waited::Turn(turn)) => Ok(Some(Begun {
-                tx: pool.begin().await.map_err(unavailable)?,
+            Some(Waited::Turn(turn)) => Ok(self.begin_claim().await?.map(|tx| Begun {
+                tx,
                 turn,
                 relayed: None,
             })),
@@ -159,6 +159,24 @@ impl<DB: Dialect> SqlStore<DB> {
                 relayed: Some(step),
             })),
             None => Ok(None),
+        }
+    }
+
+    /// A transactional claim's transaction, begun with
+    /// [`Dialect::TX_BEGIN`]; `None` if that found the database locked past
+    /// the connection's own timeout (on SQLite another process's writer
+    /// held the write lock past the busy timeout), answered as a lock held
+    /// by the key's first claim is.
+    async fn begin_claim(&self) -> Result<Option<sqlx::Transaction<'static, DB>>, Error> {
+        let pool = &self.inner.pool;
+        let begun = match DB::TX_BEGIN {
+            Some(statement) => pool.begin_with(statement).await,
+            None => pool.begin().await,
+        };
+        match begun {
+            Ok(tx) => Ok(Some(tx)),
+            Err(err) if DB::is_lock_timeout(&err) => Ok(None),
+            Err(err) => Err(unavailable(err)),
         }
     }
 
@@ -251,55 +269,25 @@ impl<DB: Dialect> OpenTransaction for SqlOpenTransaction<DB> {
         outcome: &'a Outcome,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<(), Error>> {
+        let this = *self;
+        let (outcome, ttl_ms) = (outcome.encode(), expiry_millis(ttl));
         Box::pin(async move {
-            let this = *self;
-            let tx = this.slot.take().await?;
-            let args = ClaimArgs {
-                key_hash: &this.key_hash,
-                key: this.key.as_str(),
-                fingerprint: &this.fingerprint,
-                owner: &this.owner,
-                lease_ms: 0,
-            };
-            let inner = &this.store.inner;
-            let (outcome, ttl_ms) = (outcome.encode(), expiry_millis(ttl));
-            // Another claim waiting for the turn starts in this commit's
-            // call and gets the turn with its transaction (`relay.rs`).
-            let next = if inner.writer.one_at_a_time() {
-                inner.relay.next(&inner.writer)
-            } else {
-                None
-            };
-            let Some(next) = next else {
-                let done = DB::tx_commit(tx, &inner.queries, args, &outcome, ttl_ms)
-                    .await
-                    .map_err(unavailable)?;
-                return Error::fenced(done);
-            };
-            let (done, started) = DB::tx_commit_and_claim(
-                tx,
-                &inner.queries,
-                args,
-                &outcome,
-                ttl_ms,
-                next.key_hash(),
-            )
-            .await
-            .map_err(unavailable)?;
-            if let Some(started) = started {
-                let baton = Baton {
-                    started,
-                    turn: this.turn,
-                };
-                match next.hand(baton) {
-                    None => metrics::counter!(RELAYED).increment(1),
-                    // That claim is gone; its transaction holds the lock.
-                    Some(Baton {
-                        started: (tx, _), ..
-                    }) => finish(tx).await,
-                }
+            if !this.store.inner.writer.one_at_a_time() {
+                return this.commit_encoded(outcome, ttl_ms).await;
             }
-            Error::fenced(done)
+            // On SQLite the commit is a query of several statements with a
+            // COMMIT and a BEGIN among them (`sqlite/script.rs`), which
+            // sqlx's worker stops between two statements if its caller is
+            // dropped: the transaction committed, and none begun where sqlx
+            // counts one open. So it runs on a task of its own, to its end
+            // whether this request is still waiting or not.
+            match tokio::spawn(this.commit_encoded(outcome, ttl_ms)).await {
+                Ok(committed) => committed,
+                Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+                Err(err) => Err(Error::unavailable(format!(
+                    "the transactional commit's task: {err}"
+                ))),
+            }
         })
     }
 
@@ -308,5 +296,53 @@ impl<DB: Dialect> OpenTransaction for SqlOpenTransaction<DB> {
             let tx = self.slot.take().await?;
             tx.rollback().await.map_err(unavailable)
         })
+    }
+}
+
+impl<DB: Dialect> SqlOpenTransaction<DB> {
+    /// Commits with the outcome encoded, `ttl_ms` its retention; on a
+    /// database with one writer, starts the next claim waiting for the
+    /// turn in the same call and hands it the turn (`relay.rs`).
+    async fn commit_encoded(self, outcome: bytes::Bytes, ttl_ms: i64) -> Result<(), Error> {
+        let tx = self.slot.take().await?;
+        let args = ClaimArgs {
+            key_hash: &self.key_hash,
+            key: self.key.as_str(),
+            fingerprint: &self.fingerprint,
+            owner: &self.owner,
+            lease_ms: 0,
+        };
+        let inner = &self.store.inner;
+        // Another claim waiting for the turn starts in this commit's
+        // call and gets the turn with its transaction (`relay.rs`).
+        let next = if inner.writer.one_at_a_time() {
+            inner.relay.next(&inner.writer)
+        } else {
+            None
+        };
+        let Some(next) = next else {
+            let done = DB::tx_commit(tx, &inner.queries, args, &outcome, ttl_ms)
+                .await
+                .map_err(unavailable)?;
+            return Error::fenced(done);
+        };
+        let (done, started) =
+            DB::tx_commit_and_claim(tx, &inner.queries, args, &outcome, ttl_ms, next.key_hash())
+                .await
+                .map_err(unavailable)?;
+        if let Some(started) = started {
+            let baton = Baton {
+                started,
+                turn: self.turn,
+            };
+            match next.hand(baton) {
+                None => metrics::counter!(RELAYED).increment(1),
+                // That claim is gone; its transaction holds the lock.
+                Some(Baton {
+                    started: (tx, _), ..
+                }) => finish(tx).await,
+            }
+        }
+        Error::fenced(done)
     }
 }

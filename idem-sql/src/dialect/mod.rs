@@ -118,6 +118,14 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
     #[doc(hidden)]
     const ONE_WRITER: bool;
 
+    /// The statement that begins a transactional claim's transaction where
+    /// it is not sqlx's plain BEGIN: SQLite's BEGIN IMMEDIATE, which takes
+    /// the write lock that holds the claim's key. Begun by sqlx, which
+    /// keeps its count of open transactions true even if the claim is
+    /// dropped while it waits for the lock.
+    #[doc(hidden)]
+    const TX_BEGIN: Option<&'static str> = None;
+
     #[doc(hidden)]
     fn claim(
         conn: &mut Self::Connection,

@@ -10,31 +10,17 @@
 //! cache), so that SQLite parses nothing per claim. The table name is a
 //! checked identifier (`validate_identifier`).
 //!
-//! A claim holds its key by the database's write lock, which it takes at
-//! its start ([`claim`]) and holds to its commit: under that lock no other
-//! connection writes, so what the claim's read found stays so until the
-//! commit, which writes the record, completed ([`commit`]). sqlx counts its
-//! transaction as open from its own BEGIN to its COMMIT or ROLLBACK; every
-//! query here leaves a transaction open on the connection for it to end.
-
-/// Where [`claim`]'s BEGIN IMMEDIATE is among its statements: how many run
-/// before it (COMMIT).
-pub(crate) const CLAIM_BEGINS_AT: usize = 1;
-
-/// The start of a transactional claim of the key hashed `?1`, in the
-/// deferred transaction sqlx just began (which has taken no lock and read
-/// nothing): that empty transaction committed and an immediate one begun
-/// in its place, which takes the write lock (waiting for another process's
-/// writer up to the busy timeout), then [`read`] of `?1`, with `ms_left`
-/// the store's expression for the milliseconds a record has left.
-pub(crate) fn claim(table: &str, ms_left: &str) -> String {
-    format!(
-        "COMMIT; \
-         BEGIN IMMEDIATE; \
-         {read}",
-        read = read(table, ms_left, 1),
-    )
-}
+//! A claim holds its key by the database's write lock, which its
+//! transaction takes as it begins (BEGIN IMMEDIATE, through sqlx) and
+//! holds to its commit: under that lock no other connection writes, so
+//! what the claim's read found stays so until the commit, which writes the
+//! record, completed ([`commit`]). sqlx counts its transaction as open from
+//! its own BEGIN to its COMMIT or ROLLBACK; every query here leaves a
+//! transaction open on the connection for it to end, once it has run to
+//! its end. sqlx's worker stops a query between two of its statements if
+//! the caller is dropped, which could leave the transaction committed and
+//! none begun in its place: so the commit runs these on a task of its own
+//! (`transactional.rs`), to their end whether the request waits or not.
 
 /// The record of the key hashed `?{param}`, with the milliseconds it has
 /// left.
@@ -45,7 +31,7 @@ fn read(table: &str, ms_left: &str, param: usize) -> String {
     )
 }
 
-/// The end of a transactional claim begun by [`claim`]: its record written
+/// The end of a transactional claim: its record written
 /// completed ([`complete`]: key hash `?1`, key `?2`, fingerprint `?3`,
 /// outcome `?4`, retention in milliseconds `?5`), COMMIT, and BEGIN, with
 /// `now` the store's clock expression. What sqlx rolls back when it drops
