@@ -280,8 +280,12 @@ impl<DB: Dialect> OpenTransaction for SqlOpenTransaction<DB> {
             // sqlx's worker stops between two statements if its caller is
             // dropped: the transaction committed, and none begun where sqlx
             // counts one open. So it runs on a task of its own, to its end
-            // whether this request is still waiting or not.
-            match tokio::spawn(this.commit_encoded(outcome, ttl_ms)).await {
+            // whether this request is still waiting or not (outside a
+            // tokio runtime, where it cannot, it runs here).
+            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                return this.commit_encoded(outcome, ttl_ms).await;
+            };
+            match runtime.spawn(this.commit_encoded(outcome, ttl_ms)).await {
                 Ok(committed) => committed,
                 Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
                 Err(err) => Err(Error::unavailable(format!(
