@@ -9,7 +9,12 @@
 //! [rolls it back](OpenTransaction::rollback). Dropping an
 //! [`OpenTransaction`] (a panic, a cancelled request, a crashed process)
 //! rolls everything back: the business writes and the claim together, so a
-//! retry finds the key free and the data untouched.
+//! retry finds the key free and the data untouched. So does dropping the
+//! future of a claim or a rollback at any point; dropping a commit's
+//! future is a commit whose answer is lost: it commits, or not, the writes
+//! and the outcome together. Either way the store is left as whole as
+//! before (idem-sql's conformance case
+//! `claims_and_commits_dropped_midway_leave_the_store_whole`).
 
 use std::any::Any;
 use std::sync::Arc;
@@ -64,7 +69,9 @@ pub trait OpenTransaction: Send + 'static {
 
     /// Records `outcome` for `ttl` in the key's record and commits the
     /// transaction: the handler's writes and the outcome become durable
-    /// together, or (on error) neither does.
+    /// together, or (on error) neither does. If this future is dropped
+    /// before it answers, the commit may have happened or not, still both
+    /// together or neither.
     fn commit<'a>(
         self: Box<Self>,
         outcome: &'a Outcome,

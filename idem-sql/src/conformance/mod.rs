@@ -18,7 +18,8 @@ pub use table::{
 };
 pub use transactions::{
     a_claim_whose_connection_died_frees_its_key_at_once,
-    an_expired_record_is_taken_over_in_a_transaction, commit_keeps_writes_and_outcome,
+    an_expired_record_is_taken_over_in_a_transaction,
+    claims_and_commits_dropped_midway_leave_the_store_whole, commit_keeps_writes_and_outcome,
     dropped_transaction_rolls_back, duplicate_of_an_open_transaction_is_in_flight_then_replays,
     duplicate_past_the_lock_timeout_is_in_flight, keys_and_outcomes_of_any_bytes_round_trip,
     rollback_undoes_writes_and_claim,
@@ -180,6 +181,7 @@ macro_rules! transactional_conformance_tests {
             purge_removes_only_expired_rows,
             keys_and_outcomes_of_any_bytes_round_trip,
             an_expired_record_is_taken_over_in_a_transaction,
+            claims_and_commits_dropped_midway_leave_the_store_whole,
         );
     };
 }

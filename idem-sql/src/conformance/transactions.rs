@@ -224,3 +224,67 @@ pub async fn an_expired_record_is_taken_over_in_a_transaction<DB: TestSql>(
     }
     assert_eq!(effects(store.pool(), &nonce).await, 3);
 }
+
+/// Claims and commits dropped at any moment (their requests gone, a
+/// timeout around them) leave the store whole: each round claims a fresh
+/// key, writes its effect and commits on a task that is aborted somewhere
+/// between its start and a little past the time an attempt takes.
+/// After each, a fresh claim on the same pool opens and rolls back cleanly
+/// (a connection left with a transaction its driver miscounts fails
+/// there); at the end every key has its effect and its record together, or
+/// neither and is free.
+pub async fn claims_and_commits_dropped_midway_leave_the_store_whole<DB: TestSql>(
+    store: Arc<SqlStore<DB>>,
+) {
+    const ROUNDS: u32 = 60;
+    // How long an attempt takes here, to spread the drops over it.
+    let (key, nonce) = fresh_case(&store, "tx-dropped-midway").await;
+    let started = Instant::now();
+    let tx = claim_and_write(&store, &key, &nonce).await;
+    tx.commit(&response(), LONG).await.unwrap();
+    let attempt_takes = started.elapsed();
+    let mut cases = vec![(key, nonce)];
+    for round in 0..ROUNDS {
+        let (key, nonce) = fresh_case(&store, "tx-dropped-midway").await;
+        let attempt = {
+            let (store, key, nonce) = (Arc::clone(&store), key.clone(), nonce.clone());
+            tokio::spawn(async move {
+                let tx = claim_and_write(&store, &key, &nonce).await;
+                tx.commit(&response(), LONG).await.unwrap();
+            })
+        };
+        // Spread over the claim, the write and the commit, and past them.
+        tokio::time::sleep(attempt_takes * (round * 37 % 100) / 80).await;
+        attempt.abort();
+        if let Err(err) = attempt.await {
+            assert!(err.is_cancelled(), "round {round}: {err}");
+        }
+        let (probe, _) = fresh_case(&store, "tx-dropped-midway-probe").await;
+        let TxClaim::Open(tx) = claim_in_transaction(&*store, &probe).await else {
+            panic!("round {round}: a fresh key is acquired");
+        };
+        tx.rollback().await.expect("a clean rollback");
+        cases.push((key, nonce));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for (key, nonce) in cases {
+        let written = effects(store.pool(), &nonce).await;
+        loop {
+            match duplicate(&*store, &key, &fp()).await {
+                Claim::Replay(outcome) => {
+                    assert_eq!(outcome, response());
+                    assert_eq!(written, 1, "a record, so its effect once");
+                    break;
+                }
+                Claim::Acquired(_) => {
+                    assert_eq!(written, 0, "no record, so no effect");
+                    break;
+                }
+                // A dropped transaction's rollback runs when its
+                // connection is next used.
+                other if Instant::now() > deadline => panic!("key still held: {other:?}"),
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    }
+}
