@@ -182,7 +182,9 @@ impl Dialect for Sqlite {
         // only reads under it. Nothing waits longer than the connection's
         // busy timeout.
         let _ = lock_timeout;
-        Ok(tx_claim_step(Self::read(conn, q, args.key_hash).await?))
+        Ok(ClaimStep::under_lock(
+            Self::read(conn, q, args.key_hash).await?,
+        ))
     }
 
     async fn tx_commit(
@@ -221,7 +223,7 @@ impl Dialect for Sqlite {
         let Some(err) = ran.failed else {
             // Committed, and the next claim's transaction holds the lock.
             match ran.row.as_ref().map(record_row).transpose() {
-                Ok(found) => return Ok((true, Some((tx, tx_claim_step(found))))),
+                Ok(found) => return Ok((true, Some((tx, ClaimStep::under_lock(found))))),
                 Err(err) => {
                     tracing::warn!(error = %err, "reading the next transactional claim's record failed");
                     end_started(tx, true).await;
@@ -258,16 +260,6 @@ fn take_over_expired() -> String {
            expires_at = excluded.expires_at, created_at = {now} \
          WHERE r.expires_at <= {now}"
     )
-}
-
-/// What a transactional claim's read under the write lock found: a live
-/// record answers; absent or expired, the key is the claim's, and its
-/// commit writes the completed record.
-fn tx_claim_step(found: Option<RecordRow>) -> ClaimStep {
-    match found {
-        Some(row) if row.ms_left > 0 => ClaimStep::Existing(row),
-        _ => ClaimStep::Acquired,
-    }
 }
 
 /// `sql` (`script::commit` or `commit_and_claim`) with the completed

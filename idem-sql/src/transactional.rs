@@ -130,21 +130,14 @@ impl<DB: Dialect> SqlStore<DB> {
     /// a connection and begins with BEGIN IMMEDIATE, which takes the lock
     /// ([`SqlStore::begin_claim`]).
     async fn begin_in_turn(&self, hash: &[u8; 32]) -> Result<Option<Begun<DB>>, Error> {
-        let (pool, writer, within) = (
-            &self.inner.pool,
-            &self.inner.writer,
-            self.inner.lock_timeout,
-        );
-        if !writer.one_at_a_time() {
-            let tx = pool.begin().await.map_err(unavailable)?;
-            let turn = writer.wait(within).await;
-            return Ok(turn.map(|turn| Begun {
-                tx,
-                turn,
-                relayed: None,
-            }));
-        }
-        match self.inner.relay.wait(writer, *hash, within).await {
+        let (writer, within) = (&self.inner.writer, self.inner.lock_timeout);
+        let waited = if writer.one_at_a_time() {
+            self.inner.relay.wait(writer, *hash, within).await
+        } else {
+            // No turns to take: an empty one, at once.
+            writer.wait(within).await.map(Waited::Turn)
+        };
+        match waited {
             Some(Waited::Turn(turn)) => Ok(self.begin_claim().await?.map(|tx| Begun {
                 tx,
                 turn,

@@ -153,7 +153,7 @@ mod tests {
 }
 
 #[cfg(all(test, idem_loom))]
-mod loom_checks {
+pub(crate) mod loom_checks {
     //! The turns to write under loom (`.ci/loom`): every interleaving of
     //! writers taking turns, on this module's code with loom's stand-in for
     //! tokio's semaphore and timeout (`loom_semaphore.rs`). One writer
@@ -171,8 +171,9 @@ mod loom_checks {
 
     use super::*;
 
-    /// The writes of one turn: no other writer writes meanwhile.
-    fn write(writing: &AtomicUsize) {
+    /// The writes of one turn: no other writer writes meanwhile (the relay's
+    /// loom checks write with it too).
+    pub(crate) fn write(writing: &AtomicUsize) {
         let before = writing.fetch_add(1, Ordering::SeqCst);
         assert_eq!(before, 0, "two writers at once");
         writing.fetch_sub(1, Ordering::SeqCst);

@@ -5,8 +5,10 @@
 //! count of those hand-offs, a waiting claim that is dropped or finds its
 //! key completed, that the line yields to a batch of plain writes waiting
 //! for the turn, under concurrent duplicates from two stores on one file
-//! that every key's handler writes once, and that claims dropped at any
-//! moment leave the lock and the pool's connections as they found them.
+//! that every key's handler writes once, that claims dropped at any
+//! moment leave the lock and the pool's connections as they found them,
+//! and that a claim meeting another process's writer past the busy timeout
+//! is told "in flight".
 #![cfg(feature = "sqlite")]
 
 use std::sync::Arc;
@@ -14,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_core::{Duplicate, Fingerprint, IdempotencyKey, Outcome, OwnerToken, StoredResponse};
-use idem_core::{TransactionalStore, TxClaim, TxHandle};
+use idem_core::{OpenTransaction, TransactionalStore, TxClaim, TxHandle};
 use idem_sql::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use idem_sql::sqlx::{self, Sqlite, SqlitePool};
 use idem_sql::{SqliteStore, TxSlot};
@@ -85,6 +87,14 @@ async fn claim(store: &SqliteStore, name: &str) -> TxClaim {
         .expect("a claim")
 }
 
+/// The open transaction of a claim of a fresh key `name`.
+async fn open(store: &SqliteStore, name: &str) -> Box<dyn OpenTransaction> {
+    match claim(store, name).await {
+        TxClaim::Open(open) => open,
+        TxClaim::Duplicate(duplicate) => panic!("a fresh key is acquired: {duplicate:?}"),
+    }
+}
+
 /// The handler's effect, written in the claim's transaction.
 async fn write_effect(handle: TxHandle, name: &str) {
     let mut guard = handle.get::<TxSlot<Sqlite>>().unwrap().lock().await;
@@ -112,6 +122,15 @@ async fn count(pool: &SqlitePool, sql: &'static str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 
+/// How many effects the handler of `name` wrote.
+async fn effects_of(pool: &SqlitePool, name: &str) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(*) FROM effects WHERE k = ?1")
+        .bind(name)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
 /// Claims wait in line behind an open claim: a fresh key, one dropped
 /// while it waits, a key completed before, another fresh key. The open
 /// claim's commit starts the first; its commit starts the duplicate (the
@@ -130,9 +149,7 @@ async fn waiting_claims_are_started_by_the_commit_before_in_order() {
     let store = store_on(pool.clone()).await;
     assert_eq!(claim_write_commit(&store, "completed").await, None);
 
-    let TxClaim::Open(holder) = claim(&store, "holder").await else {
-        panic!("a fresh key is acquired");
-    };
+    let holder = open(&store, "holder").await;
     write_effect(holder.handle(), "holder").await;
     let mut waiting = Vec::new();
     for name in ["first-in-line", "dropped", "completed", "last-in-line"] {
@@ -161,11 +178,7 @@ async fn waiting_claims_are_started_by_the_commit_before_in_order() {
         "two hand-offs: to the first in line, then to the duplicate\n{relayed}"
     );
     for name in ["completed", "holder", "first-in-line", "last-in-line"] {
-        let effects: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM effects WHERE k = ?1")
-            .bind(name)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+        let effects = effects_of(&pool, name).await;
         assert_eq!(effects, 1, "{name}");
     }
     assert_eq!(count(&pool, "SELECT COUNT(*) FROM effects").await, 4);
@@ -259,9 +272,7 @@ async fn the_line_yields_to_a_batch_waiting_for_the_turn() {
     let (_, pool) = file(Duration::from_secs(5)).await;
     let store = store_on(pool.clone()).await;
 
-    let TxClaim::Open(holder) = claim(&store, "holder").await else {
-        panic!("a fresh key is acquired");
-    };
+    let holder = open(&store, "holder").await;
     let in_line = {
         let store = store.clone();
         tokio::spawn(async move { claim_write_commit(&store, "in-line").await })
@@ -317,9 +328,7 @@ async fn the_lock_is_let_go_after_four_hand_offs_in_a_row() {
     let (_, pool) = file(Duration::from_secs(5)).await;
     let store = store_on(pool.clone()).await;
 
-    let TxClaim::Open(holder) = claim(&store, "holder").await else {
-        panic!("a fresh key is acquired");
-    };
+    let holder = open(&store, "holder").await;
     let mut waiting = Vec::new();
     for n in 0..6 {
         let store = store.clone();
@@ -367,9 +376,7 @@ async fn claims_dropped_at_any_moment_leave_no_lock_and_no_half_write() {
     let mut dropped = Vec::new();
     for round in 0..ROUNDS {
         let holder_name = format!("r{round}-holder");
-        let TxClaim::Open(holder) = claim(&store, &holder_name).await else {
-            panic!("a fresh key is acquired");
-        };
+        let holder = open(&store, &holder_name).await;
         write_effect(holder.handle(), &holder_name).await;
         let mut waiting = Vec::new();
         for n in 0..WAITING {
@@ -414,11 +421,7 @@ async fn claims_dropped_at_any_moment_leave_no_lock_and_no_half_write() {
     }
     assert!(!dropped.is_empty(), "claims were dropped");
     for name in &dropped {
-        let effects: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM effects WHERE k = ?1")
-            .bind(name)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+        let effects = effects_of(&pool, name).await;
         match claim(&store, name).await {
             TxClaim::Duplicate(Duplicate::Replay(outcome)) => {
                 assert_eq!(outcome, done(name));
@@ -437,4 +440,29 @@ async fn claims_dropped_at_any_moment_leave_no_lock_and_no_half_write() {
     );
     assert_eq!(effects, records, "an effect for every record, no more");
     assert!(records >= ROUNDS as i64, "every holder committed");
+}
+
+/// A claim whose BEGIN IMMEDIATE meets another process's writer holding
+/// the write lock past the busy timeout is answered "in flight", as a lock
+/// held by the key's first claim is, not with an error; it leaves no
+/// transaction open, and once the writer is done the key is claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_meets_a_writer_past_the_busy_timeout_is_in_flight() {
+    let (options, pool) = file(Duration::from_millis(200)).await;
+    let store = store_on(pool.clone()).await;
+    let outside = pool_on(options).await;
+    let mut writer = outside.acquire().await.unwrap();
+    sqlx::raw_sql("BEGIN IMMEDIATE")
+        .execute(&mut *writer)
+        .await
+        .unwrap();
+
+    let answer = claim(&store, "busy").await;
+    assert!(
+        matches!(answer, TxClaim::Duplicate(Duplicate::InFlight { .. })),
+        "{answer:?}"
+    );
+    sqlx::raw_sql("COMMIT").execute(&mut *writer).await.unwrap();
+    assert_eq!(claim_write_commit(&store, "busy").await, None);
+    assert_eq!(effects_of(&pool, "busy").await, 1);
 }

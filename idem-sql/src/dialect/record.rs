@@ -72,6 +72,17 @@ impl ClaimStep {
     pub(crate) fn found(row: Option<RecordRow>) -> Self {
         row.map_or(Self::Vanished, Self::Existing)
     }
+
+    /// What a transactional claim's read under the lock that holds its key
+    /// found: a live record answers; absent or expired, the key is the
+    /// claim's, and its commit inserts the completed record.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    pub(crate) fn under_lock(found: Option<RecordRow>) -> Self {
+        match found {
+            Some(row) if row.ms_left > 0 => Self::Existing(row),
+            _ => Self::Acquired,
+        }
+    }
 }
 
 /// A record row as read back, with the time left by the database's clock.

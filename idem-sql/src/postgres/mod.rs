@@ -212,11 +212,9 @@ impl Dialect for Postgres {
         if locked != Some(true) {
             return Ok(ClaimStep::Locked);
         }
-        Ok(match rows.get(1).map(record_row).transpose()? {
-            Some(row) if row.ms_left > 0 => ClaimStep::Existing(row),
-            // Absent or expired: `tx_commit` inserts the completed row.
-            _ => ClaimStep::Acquired,
-        })
+        Ok(ClaimStep::under_lock(
+            rows.get(1).map(record_row).transpose()?,
+        ))
     }
 
     async fn tx_commit(

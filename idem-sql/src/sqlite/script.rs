@@ -22,15 +22,6 @@
 //! none begun in its place: so the commit runs these on a task of its own
 //! (`transactional.rs`), to their end whether the request waits or not.
 
-/// The record of the key hashed `?{param}`, with the milliseconds it has
-/// left.
-fn read(table: &str, ms_left: &str, param: usize) -> String {
-    format!(
-        "SELECT state, owner, fingerprint, outcome, {ms_left} FROM {table} \
-           WHERE key_hash = ?{param}"
-    )
-}
-
 /// The end of a transactional claim: its record written
 /// completed ([`complete`]: key hash `?1`, key `?2`, fingerprint `?3`,
 /// outcome `?4`, retention in milliseconds `?5`), COMMIT, and BEGIN, with
@@ -46,14 +37,16 @@ pub(crate) fn commit(table: &str, now: &str) -> String {
 pub(crate) const NEXT_BEGINS_AT: usize = 3;
 
 /// [`commit`] that starts the claim of the key hashed `?6` in its place,
-/// in the same call: BEGIN IMMEDIATE and [`read`], where [`commit`] has a
+/// in the same call: BEGIN IMMEDIATE and the read of that key's record,
+/// with `ms_left` the milliseconds it has left, where [`commit`] has a
 /// deferred BEGIN. The write lock then passes from one claim to the next
 /// without being let go in between.
 pub(crate) fn commit_and_claim(table: &str, now: &str, ms_left: &str) -> String {
     format!(
-        "{} BEGIN IMMEDIATE; {}",
+        "{} BEGIN IMMEDIATE; \
+         SELECT state, owner, fingerprint, outcome, {ms_left} FROM {table} \
+           WHERE key_hash = ?6",
         complete(table, now),
-        read(table, ms_left, 6),
     )
 }
 
