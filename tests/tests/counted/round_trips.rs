@@ -1,4 +1,4 @@
-//! Counted, not timed.
+//! Round trips and Redis commands.
 //!
 //! Through the orders app with PostgreSQL behind a Redis gate
 //! (transactional mode): a duplicate of a completed request costs one

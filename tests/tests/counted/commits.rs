@@ -1,8 +1,8 @@
-//! Counted, not timed: a first request in transactional mode costs exactly
+//! A first request in transactional mode costs exactly
 //! one database commit (the claim, the order, the debit and the stored
 //! response together), and a replay costs none. Read from PostgreSQL's own
 //! `pg_stat_database`, for a database of the test's own (`idem_commits`),
-//! in a test binary of its own, so no other activity lands in the count.
+//! so no other activity lands in the count.
 
 use http::StatusCode;
 use idem_app::orders::App;
