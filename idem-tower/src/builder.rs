@@ -73,7 +73,10 @@ impl IdempotencyBuilder {
     /// Response headers replayed by default (besides any added with
     /// [`replay_header`](Self::replay_header)): `Content-Type`,
     /// `Content-Language`, `Content-Location`, `Location`, `ETag`,
-    /// `Last-Modified`, `Link` and `Cache-Control`.
+    /// `Last-Modified`, `Link` and `Cache-Control`. Whatever the list, a
+    /// replay always carries the stored body's encodings
+    /// (`Content-Encoding`, `grpc-encoding`) and gRPC's `grpc-status`,
+    /// `grpc-message` and `grpc-status-details-bin`.
     pub const DEFAULT_REPLAY_HEADERS: [HeaderName; 8] = [
         header::CONTENT_TYPE,
         header::CONTENT_LANGUAGE,

@@ -20,6 +20,8 @@
 //! A stored response keeps its trailers, sent after its body on the first
 //! response and on every replay: gRPC's `grpc-status`, `grpc-message` and
 //! `grpc-status-details-bin` always, others under the headers' allow-list.
+//! The stored body's encodings, `content-encoding` and `grpc-encoding`, are
+//! always replayed with it, whatever the allow-list.
 //! A gRPC response (`content-type: application/grpc*`) is final by its
 //! `grpc-status`, in its trailers or, trailers-only, in its headers: `OK`,
 //! `INVALID_ARGUMENT`, `NOT_FOUND`, `ALREADY_EXISTS`, `FAILED_PRECONDITION`

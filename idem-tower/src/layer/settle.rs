@@ -237,18 +237,28 @@ impl Read {
 }
 
 /// The headers, or trailers, a replay repeats: those the handle's
-/// allow-list keeps (less those never replayed), and always gRPC's status,
-/// message and details, which are a gRPC call's outcome (in the trailers,
-/// or in the headers of a trailers-only response).
+/// allow-list keeps (less those never replayed), and always those in
+/// [`ALWAYS_REPLAYED`].
 fn replay_fields(settings: &Settings, fields: &HeaderMap) -> HeaderMap {
     let mut kept = HeaderMap::new();
     for (name, value) in fields {
-        if GRPC_STATUS_TRAILERS.contains(&name.as_str()) || settings.idem.replays(name) {
+        if ALWAYS_REPLAYED.contains(&name.as_str()) || settings.idem.replays(name) {
             kept.append(name.clone(), value.clone());
         }
     }
     kept
 }
 
-/// The fields that carry a gRPC call's status.
-const GRPC_STATUS_TRAILERS: [&str; 3] = ["grpc-status", "grpc-message", "grpc-status-details-bin"];
+/// The fields a replay cannot do without, whatever the allow-list: gRPC's
+/// status, message and details, which are a gRPC call's outcome (in the
+/// trailers, or in the headers of a trailers-only response), and the
+/// encodings of the stored body's bytes (a compressed gRPC message is
+/// flagged compressed and unreadable without `grpc-encoding`; a body
+/// compressed inside the layer is gzip bytes without `content-encoding`).
+const ALWAYS_REPLAYED: [&str; 5] = [
+    "grpc-status",
+    "grpc-message",
+    "grpc-status-details-bin",
+    "grpc-encoding",
+    "content-encoding",
+];

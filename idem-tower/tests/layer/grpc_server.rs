@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use http::uri::PathAndQuery;
 use idem_tower::{Idempotency, InFlightPolicy, MemoryStore, Resolver};
+use tonic::codec::CompressionEncoding;
 use tonic::server::{NamedService, UnaryService};
 use tonic::transport::{Channel, Server};
 use tonic::{Code, Status};
@@ -36,10 +37,12 @@ struct ChargeReply {
 
 /// The server: a charge is its run number; a negative amount is
 /// `INVALID_ARGUMENT`; an amount of 503 is `UNAVAILABLE` the first time.
+/// With `gzip`, it compresses its replies for clients that accept gzip.
 #[derive(Clone)]
 struct Payments {
     calls: Calls,
     flaked: Arc<AtomicBool>,
+    gzip: bool,
 }
 
 impl NamedService for Payments {
@@ -59,9 +62,15 @@ impl tower::Service<http::Request<tonic::body::Body>> for Payments {
 
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
         let charge = Charge(self.calls.clone(), self.flaked.clone());
+        let gzip = self.gzip;
         Box::pin(async move {
             let mut grpc =
                 tonic::server::Grpc::new(ProstCodec::<ChargeReply, ChargeRequest>::default());
+            if gzip {
+                grpc = grpc
+                    .send_compressed(CompressionEncoding::Gzip)
+                    .accept_compressed(CompressionEncoding::Gzip);
+            }
             Ok(grpc.unary(charge, request).await)
         })
     }
@@ -100,6 +109,8 @@ enum Wiring {
     OneService,
     /// Around one service, duplicates of a running call waiting for it.
     Waiting,
+    /// Around one service that compresses its replies with gzip.
+    Gzip,
 }
 
 /// Serves `Payments` behind the layer on a loopback port; a channel to it.
@@ -113,6 +124,7 @@ async fn serve(wiring: Wiring, calls: &Calls) -> Channel {
     let payments = Payments {
         calls: calls.clone(),
         flaked: Arc::default(),
+        gzip: matches!(wiring, Wiring::Gzip),
     };
     tokio::spawn(async move {
         match wiring {
@@ -122,7 +134,7 @@ async fn serve(wiring: Wiring, calls: &Calls) -> Channel {
                 .serve_with_incoming(incoming)
                 .await
                 .unwrap(),
-            Wiring::OneService => Server::builder()
+            Wiring::OneService | Wiring::Gzip => Server::builder()
                 .add_service(idem.layer().layer(payments))
                 .serve_with_incoming(incoming)
                 .await
@@ -161,7 +173,33 @@ async fn call(
     key: Option<&str>,
     amount_cents: i64,
 ) -> Result<tonic::Response<ChargeReply>, Status> {
-    let mut grpc = tonic::client::Grpc::new(channel.clone());
+    call_with(
+        tonic::client::Grpc::new(channel.clone()),
+        method,
+        key,
+        amount_cents,
+    )
+    .await
+}
+
+/// One `Charge` call from a client that sends gzip and accepts it.
+async fn charge_gzip(
+    channel: &Channel,
+    key: &str,
+    amount_cents: i64,
+) -> Result<tonic::Response<ChargeReply>, Status> {
+    let grpc = tonic::client::Grpc::new(channel.clone())
+        .send_compressed(CompressionEncoding::Gzip)
+        .accept_compressed(CompressionEncoding::Gzip);
+    call_with(grpc, "/payments.Payments/Charge", Some(key), amount_cents).await
+}
+
+async fn call_with(
+    mut grpc: tonic::client::Grpc<Channel>,
+    method: &'static str,
+    key: Option<&str>,
+    amount_cents: i64,
+) -> Result<tonic::Response<ChargeReply>, Status> {
     grpc.ready().await.expect("the channel is ready");
     let mut request = tonic::Request::new(ChargeRequest { amount_cents });
     request
@@ -196,6 +234,33 @@ async fn a_first_call_runs_once_and_its_replays_carry_its_status_and_reply() {
         }
         assert_eq!(calls.get(), 1, "{wiring:?}: the handler ran once");
     }
+}
+
+/// A reply compressed with gzip is stored as sent, its message flagged
+/// compressed; its replays carry `grpc-encoding` with it, or the client
+/// could not read them ("received message with compressed-flag but no
+/// grpc-encoding was specified").
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_compressed_reply_replays_with_its_encoding() {
+    let calls = Calls::default();
+    let channel = serve(Wiring::Gzip, &calls).await;
+    let first = charge_gzip(&channel, "k-gzip", 500).await.expect("OK");
+    assert_eq!(
+        first
+            .metadata()
+            .get("grpc-encoding")
+            .map(|v| v.to_str().unwrap()),
+        Some("gzip"),
+        "the server compressed its reply"
+    );
+    for _ in 0..2 {
+        let again = charge_gzip(&channel, "k-gzip", 500)
+            .await
+            .expect("OK, replayed and readable");
+        assert!(replayed(&again));
+        assert_eq!(again.get_ref(), first.get_ref());
+    }
+    assert_eq!(calls.get(), 1, "the handler ran once");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
