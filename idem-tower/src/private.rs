@@ -16,7 +16,7 @@ use futures_util::FutureExt;
 use futures_util::future::Map;
 use tower::{Layer, Service};
 
-use crate::layer::Policy;
+use crate::layer::{Marking, Policy};
 
 pub use ::axum;
 pub use core::clone::Clone;
@@ -159,13 +159,16 @@ impl Default for PolicyCell {
 
 /// `idem.layer_with_key(template).require_handler_ran()`, for a template
 /// the macro has already parsed with the same `KeyTemplate::parse` at
-/// compile time. The resolvers it needs are a property of the handle, which
+/// compile time, and knowing that the attribute marks every response its
+/// function returns (`Marking::ByAttribute`). The resolvers it needs are a property of the handle, which
 /// comes with each request: [`call`] checks them then.
 pub fn layer_with_key(idem: &Idempotency, template: &str) -> IdempotencyLayer {
     let template = template
         .parse()
         .unwrap_or_else(|err| unreachable!("#[idempotent] checked this template: {err}"));
-    IdempotencyLayer::new(idem.clone(), template).require_handler_ran()
+    let mut layer = IdempotencyLayer::new(idem.clone(), template);
+    Arc::make_mut(&mut layer.policy).marking = Marking::ByAttribute;
+    layer
 }
 
 /// Marks the layer transactional. Whether the handle's store can run

@@ -7,13 +7,15 @@
 /// 415 or 422) changed nothing, so it must not burn its key: the client
 /// fixes the request and retries with the same key. `#[idempotent]`
 /// handlers need nothing more: the attribute marks every response their
-/// function returns. A layer added by hand learns it from this marker once
-/// it is told to with
+/// function returns, so any response without the mark (an extractor's
+/// error, or its redirect to a login page) is released. A layer added by
+/// hand learns it from this marker once it is told to with
 /// [`IdempotencyLayer::require_handler_ran`](crate::IdempotencyLayer::require_handler_ran):
 /// a response that carries `HandlerRan` in its extensions goes through the
 /// outcome policy (stored if final); an error response that does not is
-/// sent as it is and its key released. (A success without the mark can
-/// only come from a handler that forgot it: it is kept, with a warning.)
+/// sent as it is and its key released. (A success or a redirect without
+/// the mark may come from a handler that forgot it: it is kept, with a
+/// warning.)
 ///
 /// With axum, a handler marks its response by putting `HandlerRan` in the
 /// tuple it returns, after the status if there is one:

@@ -30,8 +30,25 @@ pub(crate) struct Policy {
     pub(crate) only: Option<Arc<[Box<str>]>>,
     pub(crate) transactional: bool,
     pub(crate) scope: KeyScope,
-    pub(crate) require_handler_ran: bool,
+    pub(crate) marking: Marking,
     pub(crate) state: Option<StateInserter>,
+}
+
+/// Which responses of the wrapped service are its handler's outcomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Marking {
+    /// All of them.
+    None,
+    /// Those marked [`HandlerRan`](crate::HandlerRan)
+    /// ([`IdempotencyLayer::require_handler_ran`]): an error without the
+    /// mark is a refusal from before the handler; a success or redirect
+    /// without it may be a handler that forgot the mark, and is kept.
+    ByHand,
+    /// `#[idempotent]`'s: the attribute marks every response its function
+    /// returns, so a response without the mark, whatever its status (an
+    /// extractor's 401, or its redirect to a login page), is never the
+    /// handler's.
+    ByAttribute,
 }
 
 /// A route's policy over its handle's defaults, resolved once, when the
@@ -111,7 +128,7 @@ impl IdempotencyLayer {
                 only: None,
                 transactional: false,
                 scope: KeyScope::Caller,
-                require_handler_ran: false,
+                marking: Marking::None,
                 state: None,
             }),
         }
@@ -178,12 +195,18 @@ impl IdempotencyLayer {
     /// response without it (an extractor that refused the request before
     /// the handler started: a malformed body, a wrong `Content-Type`,
     /// missing credentials) is sent as it is and its key released, so the
-    /// corrected request can use the same key. A success without it can
-    /// only be a handler that forgot the mark: it is kept as the handler's,
-    /// with a warning in the log. `#[idempotent]` handlers get this, and the
-    /// marking, without asking.
+    /// corrected request can use the same key. A success or a redirect
+    /// without it may be a handler that forgot the mark: it is kept as the
+    /// handler's, with a warning in the log. `#[idempotent]` handlers get
+    /// this, and the marking, without asking; and since the attribute marks
+    /// every response its function returns, there a response without the
+    /// mark of any status (an extractor's redirect to a login page too) is
+    /// released.
     pub fn require_handler_ran(mut self) -> Self {
-        self.policy().require_handler_ran = true;
+        let policy = self.policy();
+        if policy.marking == Marking::None {
+            policy.marking = Marking::ByHand;
+        }
         self
     }
 

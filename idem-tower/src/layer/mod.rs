@@ -97,6 +97,6 @@ mod task;
 pub use body::ResponseBody;
 pub use future::ResponseFuture;
 pub use layer::IdempotencyLayer;
-pub(crate) use layer::Policy;
+pub(crate) use layer::{Marking, Policy};
 pub use rebuild::RebuildBody;
 pub use service::IdempotencyService;

@@ -13,7 +13,7 @@ use idem_core::{Outcome, StoredResponse};
 use super::answer::{Answer, Wire};
 use super::claim::Claimed;
 use super::grpc;
-use super::layer::Settings;
+use super::layer::{Marking, Settings};
 use crate::layer::ResponseBody;
 use crate::metrics::{self, Handled, RouteLabel};
 use crate::{FinishedResponse, HandlerRan};
@@ -134,16 +134,20 @@ where
     Classified::Final(outcome, Response::from_parts(parts, body))
 }
 
-/// Whether a response on a route that requires [`HandlerRan`] is a refusal
-/// from before the handler ran: an error without the mark. A success
-/// without it is a handler that forgot the mark, and releasing it would
-/// deduplicate nothing: it is kept, and said.
+/// Whether a response on a route whose handler marks its outcomes with
+/// [`HandlerRan`] is a refusal from before the handler ran: any response
+/// without the mark under `#[idempotent]`; an error without it on a layer
+/// told to [`require_handler_ran`](crate::IdempotencyLayer::require_handler_ran).
+/// There, a success or redirect without it may be a handler that forgot
+/// the mark, and releasing it could run its effect again: it is kept, and
+/// said.
 fn refused_before_the_handler<B>(settings: &Settings, response: &Response<B>) -> bool {
-    if !settings.policy.require_handler_ran || response.extensions().get::<HandlerRan>().is_some() {
+    let marking = settings.policy.marking;
+    if marking == Marking::None || response.extensions().get::<HandlerRan>().is_some() {
         return false;
     }
     let status = response.status();
-    if status.is_client_error() || status.is_server_error() {
+    if marking == Marking::ByAttribute || status.is_client_error() || status.is_server_error() {
         tracing::debug!(
             status = status.as_u16(),
             "refused before the handler ran; nothing kept"

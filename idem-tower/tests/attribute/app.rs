@@ -11,7 +11,7 @@ use axum::body::Body;
 use axum::extract::{FromRef, FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Request, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use idem_tower::{Idempotency, MemoryStore, Resolver, idempotent};
@@ -94,6 +94,21 @@ impl FromRequestParts<AppState> for Member {
         member
             .map(|member| Member(member.clone()))
             .ok_or((StatusCode::FORBIDDEN, "unknown api key"))
+    }
+}
+
+/// An extractor that sends a visitor without a session to the login page
+/// (axum's OAuth example answers so): a refusal that is no error.
+pub(crate) struct SignedIn;
+
+impl<S: Send + Sync> FromRequestParts<S> for SignedIn {
+    type Rejection = Redirect;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        match parts.headers.get(header::COOKIE) {
+            Some(cookie) if cookie.as_bytes().starts_with(b"session=") => Ok(SignedIn),
+            _ => Err(Redirect::temporary("/login")),
+        }
     }
 }
 
@@ -235,6 +250,13 @@ async fn grant(State(calls): State<Calls>, Member(member): Member) -> (StatusCod
     (StatusCode::CREATED, format!("grant {run} to {member}"))
 }
 
+/// Behind a sign-in that redirects.
+#[idempotent(key = "checkout:{header:idempotency-key}")]
+async fn checkout(State(calls): State<Calls>, _: SignedIn) -> (StatusCode, String) {
+    let run = calls.run();
+    (StatusCode::CREATED, format!("checkout {run}"))
+}
+
 /// `{user}` in the key: the handle must have a user resolver.
 #[idempotent(key = "profile:{user}:{header:idempotency-key}")]
 async fn update_profile(State(calls): State<Calls>) -> StatusCode {
@@ -266,6 +288,7 @@ pub(crate) fn app(state: AppState) -> Router {
         )
         .route("/slow/charges/{charge_id}/refunds", post(slow_refund))
         .route("/grants", post(grant))
+        .route("/checkout", post(checkout))
         .route("/profile", post(update_profile))
         .merge(crate::payments::routes())
         .with_state(state)

@@ -26,6 +26,31 @@ async fn a_failed_custom_extractor_releases_the_key() {
     assert_eq!(state.calls.get(), 1);
 }
 
+/// An extractor's refusal need not be an error: a redirect to the login
+/// page is one too. The attribute marks every response its function
+/// returns, so the redirect, unmarked, is not kept; the visitor signs in
+/// and retries with the same key, and the handler runs.
+#[tokio::test]
+async fn an_extractors_redirect_releases_the_key() {
+    let state = state();
+    let app = app(state.clone());
+
+    let redirected = send(&app, keyed("/checkout", "k-login")).await;
+    assert_eq!(redirected.status, StatusCode::TEMPORARY_REDIRECT);
+    assert_eq!(redirected.header(header::LOCATION), Some("/login"));
+    assert_eq!(state.calls.get(), 0);
+
+    let mut signed_in = keyed("/checkout", "k-login");
+    signed_in
+        .headers_mut()
+        .insert(header::COOKIE, HeaderValue::from_static("session=s-1"));
+    let checked_out = send(&app, signed_in).await;
+    assert_eq!(checked_out.status, StatusCode::CREATED, "{checked_out:?}");
+    assert!(!checked_out.replayed());
+    assert_eq!(checked_out.text(), "checkout 1");
+    assert_eq!(state.calls.get(), 1);
+}
+
 #[tokio::test]
 async fn a_500_from_a_result_handler_releases_the_key_for_a_retry() {
     let state = state();
