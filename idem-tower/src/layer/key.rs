@@ -139,29 +139,40 @@ fn key_problem(err: KeyError) -> Answer {
 }
 
 /// The matched route's parameters: they name the resource, so they feed the
-/// fingerprint even when the key does not read them.
-pub(super) async fn path_params(parts: &mut Parts, policy: &Policy) -> Vec<(String, String)> {
+/// fingerprint even when the key does not read them. One that is not UTF-8
+/// once percent-decoded (`/orders/%FF`) is the client's mistake: 400, as
+/// axum's `Path` answers it.
+pub(super) async fn path_params(
+    parts: &mut Parts,
+    policy: &Policy,
+) -> Result<Vec<(String, String)>, Answer> {
     #[cfg(feature = "axum")]
-    if let Some(params) = axum_path_params(parts).await {
-        return params;
+    if let Some(params) = axum_path_params(parts).await? {
+        return Ok(params);
     }
-    policy
+    Ok(policy
         .route
         .as_ref()
         .and_then(|pattern| pattern.captures(parts.uri.path()))
-        .unwrap_or_default()
+        .unwrap_or_default())
 }
 
 /// The parameters axum's router matched, if it routed the request.
 #[cfg(feature = "axum")]
-async fn axum_path_params(parts: &mut Parts) -> Option<Vec<(String, String)>> {
+async fn axum_path_params(parts: &mut Parts) -> Result<Option<Vec<(String, String)>>, Answer> {
+    use axum::extract::rejection::RawPathParamsRejection;
     use axum::extract::{FromRequestParts, RawPathParams};
 
-    let params = RawPathParams::from_request_parts(parts, &()).await.ok()?;
-    Some(
-        params
-            .iter()
-            .map(|(name, value)| (name.to_owned(), value.to_owned()))
-            .collect(),
-    )
+    match RawPathParams::from_request_parts(parts, &()).await {
+        Ok(params) => Ok(Some(
+            params
+                .iter()
+                .map(|(name, value)| (name.to_owned(), value.to_owned()))
+                .collect(),
+        )),
+        Err(RawPathParamsRejection::InvalidUtf8InPathParam(rejection)) => {
+            Err(Answer::Rejected(Problem::KeyInvalid(rejection.body_text())))
+        }
+        Err(_) => Ok(None),
+    }
 }

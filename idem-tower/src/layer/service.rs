@@ -114,7 +114,10 @@ where
         Ok(caller) => caller,
         Err(answer) => return Ok(answer.respond(&settings, &label, wire)),
     };
-    let params = key::path_params(&mut parts, &settings.policy).await;
+    let params = match key::path_params(&mut parts, &settings.policy).await {
+        Ok(params) => params,
+        Err(answer) => return Ok(answer.respond(&settings, &label, wire)),
+    };
     if key::absent_from_head(&settings, &parts, &params) {
         tracing::debug!("no idempotency key on an optional route; passing through");
         metrics::request(Handled::Unkeyed, &label);

@@ -85,6 +85,23 @@ async fn a_path_parameter_the_route_lacks_is_a_server_error() {
     assert_eq!(calls.get(), 0);
 }
 
+/// A path parameter that is not UTF-8 once decoded is the client's
+/// mistake, as axum's `Path` says: 400, whether or not the key reads it
+/// (the fingerprint does), never a 500 that blames the server's template
+/// and that retrying clients send again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_path_parameter_that_is_not_utf8_is_the_clients_mistake() {
+    let calls = Calls::default();
+    let idem = Idempotency::new(MemoryStore::new());
+    for template in ["pay-callback:{path:payment_no}", ""] {
+        let app = payments_app(&calls, &idem, template);
+        let reply = send(&app, post("/payments/P%FF/callback", Some("k-utf8"), ORDER)).await;
+        reply.assert_problem(StatusCode::BAD_REQUEST, "key-invalid");
+        assert!(reply.text().contains("UTF-8"), "{template}: {reply:?}");
+    }
+    assert_eq!(calls.get(), 0);
+}
+
 fn payments_app(calls: &Calls, idem: &Idempotency, template: &str) -> Router {
     let calls = calls.clone();
     let handler = move |Path(payment_no): Path<String>| {
