@@ -97,6 +97,8 @@ mod task;
 pub use body::ResponseBody;
 pub use future::ResponseFuture;
 pub use layer::IdempotencyLayer;
-pub(crate) use layer::{Marking, Policy};
+#[cfg(feature = "macros")]
+pub(crate) use layer::Marking;
+pub(crate) use layer::Policy;
 pub use rebuild::RebuildBody;
 pub use service::IdempotencyService;
