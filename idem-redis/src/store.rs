@@ -161,6 +161,19 @@ where
             return Ok(Claim::Acquired(owner));
         };
         let existing = Record::decode(&previous)?;
+        // Our own claim: this `SET` was re-sent by the connection (a cluster
+        // connection does, on a dropped connection or a timeout) after the
+        // first one ran and its reply was lost. Owner tokens are unique per
+        // attempt, so the key is ours.
+        if let Record::InFlight {
+            owner: held_by,
+            fingerprint: fp,
+        } = &existing
+            && *held_by == owner
+            && fp == fingerprint
+        {
+            return Ok(Claim::Acquired(owner));
+        }
         let lease_left = match &existing {
             // Only an in-flight answer needs the time left: a second trip.
             Record::InFlight {

@@ -83,3 +83,36 @@ mod cluster {
 
     idem_core::store_conformance_tests!(store());
 }
+
+/// A claim whose `SET NX ... GET` ran on the server but whose reply was lost
+/// may be sent again by the connection (redis-rs's cluster connection
+/// re-sends a command on a dropped connection or a timeout). The re-sent
+/// command finds the claim's own in-flight record: that is the claim
+/// acquired, not a duplicate in flight, or the only request for the key
+/// would get 409 and block the key for a lease. Another owner is still
+/// told "in flight".
+#[tokio::test]
+async fn a_resent_claim_finds_its_own_record_acquired() {
+    use std::time::Duration;
+
+    use idem_core::{Claim, Fingerprint, IdempotencyKey, IdempotencyStore, OwnerToken};
+
+    let Some(store) = redis().await else { return };
+    let key = IdempotencyKey::new(
+        "idem-test:",
+        &format!("resent-claim:{:016x}", rand::random::<u64>()),
+    );
+    let fingerprint = Fingerprint::from_bytes([7; 32]);
+    let lease = Duration::from_secs(60);
+    let owner = OwnerToken::generate();
+    let claim = |owner| store.claim(&key, &fingerprint, lease, owner);
+
+    assert_eq!(claim(owner).await.unwrap(), Claim::Acquired(owner));
+    assert_eq!(
+        claim(owner).await.unwrap(),
+        Claim::Acquired(owner),
+        "the re-sent claim is still the key's owner"
+    );
+    let other = claim(OwnerToken::generate()).await.unwrap();
+    assert!(matches!(other, Claim::InFlight { .. }), "{other:?}");
+}

@@ -51,8 +51,8 @@ use self::url::SentinelUrl;
 ///
 /// - The command that meets the failure returns its error; it is not
 ///   retried, not even a read. A write whose outcome is unknown (the primary
-///   may have applied `SET NX` before it died) must not be sent again and
-///   have its second answer read as the first. The
+///   may have applied a completion before it died) must not be sent again
+///   and have its second answer read as the first. The
 ///   [`TieredStore`](crate::TieredStore) in front of SQL already
 ///   degrades to SQL on errors, and its circuit breaker probes the gate until
 ///   it answers again.
