@@ -13,6 +13,10 @@ use idem_sql::PgStore;
 use idem_sql::sqlx::postgres::PgPoolOptions;
 use redis::aio::ConnectionManager;
 
+mod support {
+    pub(crate) mod redis_servers;
+}
+
 type Tiered = TieredStore<ConnectionManager, PgStore>;
 
 async fn truth() -> Option<PgStore> {
@@ -237,6 +241,61 @@ async fn a_redis_outage_degrades_to_sql_and_recovers_without_a_restart() {
         store.counters().snapshot().answered_by_gate - before.answered_by_gate,
         1
     );
+}
+
+/// The breaker's probe is dropped mid-flight (here a caller's timeout around
+/// a claim; in the layer, a lease renewal dropped when the handler returns)
+/// while Redis hangs. The next request must probe again once Redis answers:
+/// a probe dropped unsettled once left the breaker half-open with a probe
+/// "running" for good, and the gate skipped until a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_probe_dropped_mid_flight_lets_the_next_request_probe() {
+    let Some(server) = support::redis_servers::RedisServer::start(&[]) else {
+        return;
+    };
+    let Some(gate) = gate(&server.url()).await else {
+        return;
+    };
+    let Some(truth) = truth().await else { return };
+    let store = TieredStore::builder(gate, truth)
+        .gate_timeout(Duration::from_secs(1))
+        .breaker(1, Duration::from_millis(200))
+        .build();
+    let warm = key("dropped-probe-warm");
+    first_then_complete(&store, &warm).await;
+
+    // Redis hangs (SIGSTOP): a claim's gate command fails, the breaker opens.
+    server.pause();
+    let _ = store
+        .claim(
+            &key("dropped-probe-open"),
+            &FP,
+            LONG,
+            OwnerToken::generate(),
+        )
+        .await;
+    assert_eq!(store.breaker_state(), BreakerState::Open);
+
+    // Once the breaker's pause is over, the next claim probes; it is
+    // dropped unsettled.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let probed = key("dropped-probe");
+    let probe = store.claim(&probed, &FP, LONG, OwnerToken::generate());
+    let dropped = tokio::time::timeout(Duration::from_millis(100), probe).await;
+    assert!(dropped.is_err(), "the probe hangs on Redis: {dropped:?}");
+
+    // Redis answers again: a later request probes and closes the breaker.
+    server.resume();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while store.breaker_state() != BreakerState::Closed {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the breaker stayed {:?}: no request probed again",
+            store.breaker_state()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let _ = store.claim(&warm, &FP, LONG, OwnerToken::generate()).await;
+    }
 }
 
 /// A transactional claim the gate holds in flight lives as long as its SQL

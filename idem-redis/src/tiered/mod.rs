@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 use ::redis::aio::ConnectionLike;
 
 pub use breaker::BreakerState;
-use breaker::{Breaker, Transition};
+use breaker::{Breaker, Permit, Transition};
 pub use builder::TieredStoreBuilder;
 pub use counters::{TierCounters, TierStats};
 
@@ -139,21 +139,21 @@ where
 
     /// Runs `op` on the gate if the breaker allows, within the timeout,
     /// accounting the outcome; `None` if the gate was skipped or failed.
+    /// Dropped before `op` ends, it accounts nothing, and a probe it was
+    /// running is handed to the next request (see [`Permit`]).
     async fn on_gate<R>(
         &self,
         op: impl Future<Output = Result<R, Error>>,
     ) -> Option<Result<R, Error>> {
         let inner = &self.inner;
-        if !inner.breaker.allow(Instant::now()) {
-            return None;
-        }
+        let permit = inner.breaker.allow(Instant::now())?;
         match tokio::time::timeout(inner.gate_timeout, op).await {
             Ok(Err(err)) if err.kind() == idem_core::ErrorKind::Unavailable => {
-                self.gate_failed(&err);
+                self.gate_failed(permit, &err);
                 None
             }
             Ok(result) => {
-                if inner.breaker.success() == Transition::Recovered {
+                if permit.success() == Transition::Recovered {
                     TierCounters::bump(
                         &inner.counters.breaker_recovered,
                         "idem_tier_breaker_recovered_total",
@@ -163,15 +163,15 @@ where
                 Some(result)
             }
             Err(_) => {
-                self.gate_failed(&"timed out");
+                self.gate_failed(permit, &"timed out");
                 None
             }
         }
     }
 
-    fn gate_failed(&self, why: &dyn fmt::Display) {
+    fn gate_failed(&self, permit: Permit<'_>, why: &dyn fmt::Display) {
         let inner = &self.inner;
-        if inner.breaker.failure(Instant::now()) == Transition::Opened {
+        if permit.failure(Instant::now()) == Transition::Opened {
             TierCounters::bump(
                 &inner.counters.breaker_opened,
                 "idem_tier_breaker_opened_total",
