@@ -243,6 +243,57 @@ async fn a_redis_outage_degrades_to_sql_and_recovers_without_a_restart() {
     );
 }
 
+/// A claim whose gate command timed out may still land on the gate (here
+/// Redis hangs with the `SET NX` in its socket and runs it when it wakes).
+/// When SQL does not give that claim the key (another request holds it),
+/// its gate record is taken back, under its token: left there, it would
+/// answer "in flight" to every duplicate for a lease, in place of SQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_that_timed_out_on_the_gate_takes_its_record_back() {
+    let Some(server) = support::redis_servers::RedisServer::start(&[]) else {
+        return;
+    };
+    let Some(gate) = gate(&server.url()).await else {
+        return;
+    };
+    let Some(truth) = truth().await else { return };
+    let store = TieredStore::builder(gate, truth)
+        .gate_timeout(Duration::from_millis(50))
+        .breaker(100, Duration::from_secs(1))
+        .build();
+    // The release script loaded: a hung server cannot answer NOSCRIPT in
+    // time for the script to be loaded and sent again.
+    let warm = key("timed-out-claim-warm");
+    let owner = OwnerToken::generate();
+    assert_eq!(
+        store.claim(&warm, &FP, LONG, owner).await.unwrap(),
+        Claim::Acquired(owner)
+    );
+    store.release(&warm, &owner).await.unwrap();
+
+    let key = key("timed-out-claim");
+    let holder = OwnerToken::generate();
+    assert_eq!(
+        store.truth().claim(&key, &FP, LONG, holder).await.unwrap(),
+        Claim::Acquired(holder),
+        "another request holds the key in SQL"
+    );
+
+    server.pause();
+    let mine = store.claim(&key, &FP, LONG, OwnerToken::generate()).await;
+    assert!(matches!(mine, Ok(Claim::InFlight { .. })), "{mine:?}");
+    server.resume();
+    // What the hung server was sent runs now, in order.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let probe = OwnerToken::generate();
+    assert_eq!(
+        store.gate().claim(&key, &FP, LONG, probe).await.unwrap(),
+        Claim::Acquired(probe),
+        "the gate holds no record of the timed-out claim"
+    );
+}
+
 /// The breaker's probe is dropped mid-flight (here a caller's timeout around
 /// a claim; in the layer, a lease renewal dropped when the handler returns)
 /// while Redis hangs. The next request must probe again once Redis answers:

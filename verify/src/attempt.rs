@@ -209,7 +209,7 @@ impl IdemModel {
                             Then::Answer(Reply::Replay(response)),
                         )
                     }
-                    (Gate::Held, _) => {
+                    (Gate::Held | Gate::Unknown, _) => {
                         self.note_turned_away(state, k, fingerprint, duplicate);
                         Step::GateWrite(GateWrite::Release, Then::Answer(duplicate.into()))
                     }
@@ -265,7 +265,8 @@ impl IdemModel {
     /// The Redis command of instance `i`'s step fails (an error, a timeout,
     /// the breaker open): the gate is skipped. A `SET NX` that failed may
     /// have run all the same (`landed`), leaving our record in the gate
-    /// unknown to us.
+    /// unknown to us; if SQL then turns the claim away, our record is
+    /// released under our token (`Gate::Unknown`).
     pub(crate) fn gate_error(&self, state: &mut State, i: usize, landed: bool) {
         let attempt = state.instances[i].expect("an attempt to fail");
         state.used.redis_errors += 1;
@@ -282,7 +283,7 @@ impl IdemModel {
                         client.fingerprint,
                     );
                 }
-                Step::SqlClaim(Gate::Skipped)
+                Step::SqlClaim(Gate::Unknown)
             }
             Step::GateWrite(_, then) => match then.step() {
                 Some(next) => next,

@@ -152,8 +152,13 @@ pub(crate) enum Gate {
     /// Our `SET NX` set the gate's record: SQL decides, and the gate is
     /// brought in line with SQL's answer.
     Held,
-    /// Redis failed: SQL alone decides.
+    /// The gate's record is another claim's (a mismatch): SQL alone
+    /// decides.
     Skipped,
+    /// Redis failed: SQL alone decides, and our `SET NX` may have landed
+    /// all the same; if SQL does not give us the key, our record is
+    /// released under our token.
+    Unknown,
     /// Transactional mode: the gate holds the key in flight, and SQL is
     /// asked whether a transaction still holds it (`past_gate_in_flight`).
     PastInFlight,

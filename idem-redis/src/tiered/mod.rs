@@ -95,9 +95,13 @@ enum GateStep {
     Answered(Duplicate),
     /// The gate claimed the key for us: SQL decides.
     Held,
-    /// The gate was not usable, or its answer is not to be trusted (a
-    /// mismatch): SQL alone decides.
+    /// The gate's answer is not to be trusted (a mismatch), and it holds
+    /// another claim's record, not ours: SQL alone decides.
     Skipped,
+    /// The gate was skipped, failed or timed out: SQL alone decides, and
+    /// our claim may have landed on the gate unseen (a `SET NX` applied
+    /// whose reply was lost or came too late).
+    Unknown,
 }
 
 impl<C, T> TieredStore<C, T>
@@ -232,9 +236,18 @@ where
             // A record Redis holds but cannot decode: let SQL decide.
             Some(Err(_)) | None => {
                 TierCounters::bump(&counters.degraded, "idem_tier_degraded_total");
-                GateStep::Skipped
+                GateStep::Unknown
             }
         }
+    }
+
+    /// Releases our claim on the gate, if it is there, under our token (so
+    /// never another's), when SQL did not give us the key. Left there, it
+    /// would answer "in flight" to every duplicate for a lease, in place of
+    /// SQL's replay, or of the run owed to a retry after SQL's error; and a
+    /// claim whose gate command failed or timed out may have landed unseen.
+    async fn take_back(&self, key: &IdempotencyKey, owner: &OwnerToken) {
+        let _ = self.on_gate(self.inner.gate.release(key, owner)).await;
     }
 
     /// After SQL answered a claim the gate had let through: bring the gate
@@ -299,24 +312,25 @@ where
         lease: Duration,
         owner: OwnerToken,
     ) -> Result<Claim, Error> {
-        let held = match self.through_gate(key, fingerprint, lease, owner).await {
-            GateStep::Answered(duplicate) => return Ok(duplicate.into()),
-            GateStep::Held => true,
-            GateStep::Skipped => false,
-        };
+        let gate = self.through_gate(key, fingerprint, lease, owner).await;
+        if let GateStep::Answered(duplicate) = gate {
+            return Ok(duplicate.into());
+        }
         match self.inner.truth.claim(key, fingerprint, lease, owner).await {
             Ok(claim) => match claim.acquired() {
                 Ok(owner) => Ok(Claim::Acquired(owner)),
                 Err(duplicate) => {
-                    if held {
-                        self.reconcile(key, &owner, &duplicate).await;
+                    match gate {
+                        GateStep::Held => self.reconcile(key, &owner, &duplicate).await,
+                        GateStep::Unknown => self.take_back(key, &owner).await,
+                        GateStep::Skipped | GateStep::Answered(_) => {}
                     }
                     Ok(duplicate.into())
                 }
             },
             Err(err) => {
-                if held {
-                    let _ = self.on_gate(self.inner.gate.release(key, &owner)).await;
+                if matches!(gate, GateStep::Held | GateStep::Unknown) {
+                    self.take_back(key, &owner).await;
                 }
                 Err(err)
             }

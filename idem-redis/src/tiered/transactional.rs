@@ -31,7 +31,7 @@ where
                     "the tiered store's source of truth has no transactions",
                 ));
             };
-            let held = match self.through_gate(key, fingerprint, lease, owner).await {
+            let gate = match self.through_gate(key, fingerprint, lease, owner).await {
                 // A transactional claim lives exactly as long as its
                 // transaction, and Redis cannot tell whether that still runs:
                 // the truth can, without waiting.
@@ -41,8 +41,7 @@ where
                         .await;
                 }
                 GateStep::Answered(duplicate) => return Ok(TxClaim::Duplicate(duplicate)),
-                GateStep::Held => true,
-                GateStep::Skipped => false,
+                gate => gate,
             };
             match truth
                 .claim_in_transaction(key, fingerprint, lease, owner)
@@ -55,14 +54,16 @@ where
                     owner,
                 }))),
                 Ok(TxClaim::Duplicate(duplicate)) => {
-                    if held {
-                        self.reconcile(key, &owner, &duplicate).await;
+                    match gate {
+                        GateStep::Held => self.reconcile(key, &owner, &duplicate).await,
+                        GateStep::Unknown => self.take_back(key, &owner).await,
+                        GateStep::Skipped | GateStep::Answered(_) => {}
                     }
                     Ok(TxClaim::Duplicate(duplicate))
                 }
                 Err(err) => {
-                    if held {
-                        let _ = self.on_gate(self.inner.gate.release(key, &owner)).await;
+                    if matches!(gate, GateStep::Held | GateStep::Unknown) {
+                        self.take_back(key, &owner).await;
                     }
                     Err(err)
                 }
