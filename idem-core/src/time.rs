@@ -1,20 +1,39 @@
 //! Durations as the whole milliseconds that the databases and Redis take.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// `d` in whole milliseconds, at least 1 and at most `i64::MAX`: how a
-/// lease or a ttl is sent to a backend (a database interval, Redis's `PX`
-/// and `PEXPIRE`), so none is ever 0, which would mean "already expired".
+/// The longest a record is kept or a claim leased: a century, "forever"
+/// for a record, and within what every backend takes. A longer lease or
+/// ttl (`Duration::MAX`, meant as forever) is taken as this: Redis refuses
+/// an expiry past `i64::MAX` milliseconds from now, PostgreSQL's
+/// timestamps end in the year 294276, MySQL's `DATETIME` in 9999, and an
+/// `Instant` that far ahead overflows.
+pub const LONGEST_EXPIRY: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
+/// `d` in whole milliseconds, at least 1 and at most [`LONGEST_EXPIRY`]'s:
+/// how a lease or a ttl is sent to a backend (a database interval, Redis's
+/// `PX` and `PEXPIRE`), so none is ever 0, which would mean "already
+/// expired", nor past what the backend takes.
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::expiry_millis;
+/// use idem_core::{LONGEST_EXPIRY, expiry_millis};
 ///
 /// assert_eq!(expiry_millis(Duration::from_secs(30)), 30_000);
 /// assert_eq!(expiry_millis(Duration::from_micros(10)), 1);
+/// assert_eq!(expiry_millis(Duration::MAX), expiry_millis(LONGEST_EXPIRY));
 /// ```
 pub fn expiry_millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX).max(1)
+    i64::try_from(d.min(LONGEST_EXPIRY).as_millis())
+        .unwrap_or(i64::MAX)
+        .max(1)
+}
+
+/// When a lease or a ttl of `d` that starts `now` ends, `d` taken as at
+/// most [`LONGEST_EXPIRY`].
+#[cfg(feature = "memory")]
+pub(crate) fn expiry_after(now: Instant, d: Duration) -> Instant {
+    now + d.min(LONGEST_EXPIRY)
 }
 
 #[cfg(test)]
@@ -26,6 +45,20 @@ mod tests {
         assert_eq!(expiry_millis(Duration::ZERO), 1);
         assert_eq!(expiry_millis(Duration::from_micros(1_999)), 1);
         assert_eq!(expiry_millis(Duration::from_secs(30)), 30_000);
-        assert_eq!(expiry_millis(Duration::MAX), i64::MAX);
+        assert_eq!(
+            expiry_millis(Duration::MAX),
+            i64::try_from(LONGEST_EXPIRY.as_millis()).unwrap()
+        );
+    }
+
+    #[test]
+    #[cfg(feature = "memory")]
+    fn an_instant_a_forever_away_does_not_overflow() {
+        let now = Instant::now();
+        assert_eq!(expiry_after(now, Duration::MAX), now + LONGEST_EXPIRY);
+        assert_eq!(
+            expiry_after(now, Duration::from_secs(1)),
+            now + Duration::from_secs(1)
+        );
     }
 }

@@ -25,9 +25,9 @@ pub use leases::{
     stale_owner_cannot_renew, ttl_expiry_frees_the_key,
 };
 pub use records::{
-    claim_complete_replay, concurrent_claims_have_one_winner, fingerprint_mismatch,
-    keys_are_independent, not_replayable_outcome_is_kept, only_the_owner_moves_the_record,
-    release_then_reclaim,
+    a_lease_and_ttl_meant_as_forever_hold, claim_complete_replay,
+    concurrent_claims_have_one_winner, fingerprint_mismatch, keys_are_independent,
+    not_replayable_outcome_is_kept, only_the_owner_moves_the_record, release_then_reclaim,
 };
 pub use redis_server::{RedisServer, free_port, redis_cli_says, wait_until};
 pub use servers::{mysql_url, postgres_url, redis_url, server_missing, server_url};
@@ -161,6 +161,7 @@ macro_rules! store_conformance_tests {
     ($make:expr) => {
         $crate::store_conformance_tests!(@cases [$crate::conformance] $make;
             claim_complete_replay,
+            a_lease_and_ttl_meant_as_forever_hold,
             not_replayable_outcome_is_kept,
             concurrent_claims_have_one_winner,
             release_then_reclaim,

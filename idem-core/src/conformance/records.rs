@@ -3,6 +3,7 @@
 //! one key.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::{LONG, acquire, duplicate, fp, fresh_key, lease_lost, response};
 use crate::{Claim, IdempotencyStore, Outcome, OwnerToken};
@@ -19,6 +20,24 @@ pub async fn claim_complete_replay<S: IdempotencyStore>(store: Arc<S>) {
             Claim::Replay(outcome.clone())
         );
     }
+}
+
+/// A lease and a ttl meant as "forever" (`Duration::MAX`) are taken as the
+/// longest every backend takes (`LONGEST_EXPIRY`), never refused, and never
+/// a panic: a claim, its renewal and its completion all hold.
+pub async fn a_lease_and_ttl_meant_as_forever_hold<S: IdempotencyStore>(store: Arc<S>) {
+    let key = fresh_key("forever");
+    let owner = acquire(&*store, &key, &fp(1), Duration::MAX).await;
+    store.renew(&key, &owner, Duration::MAX).await.unwrap();
+    let outcome = response(r#"{"id":1}"#);
+    store
+        .complete(&key, &owner, &outcome, Duration::MAX)
+        .await
+        .unwrap();
+    assert_eq!(
+        duplicate(&*store, &key, &fp(1)).await,
+        Claim::Replay(outcome)
+    );
 }
 
 /// A completed-but-too-large outcome replays as such.

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use hashbrown::HashTable;
 
+use crate::time::expiry_after;
 use crate::{
     Claim, Error, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken, Record,
 };
@@ -360,7 +361,7 @@ impl IdempotencyStore for MemoryStore {
                     owner,
                     fingerprint: *fingerprint,
                 };
-                Entry::new(key, record, now + lease)
+                Entry::new(key, record, expiry_after(now, lease))
             };
             // One lookup: a live record answers, an expired one is taken
             // over in place, an absent key is added.
@@ -403,7 +404,7 @@ impl IdempotencyStore for MemoryStore {
                 fingerprint: *fingerprint,
                 outcome: outcome.clone(),
             };
-            Some(Entry::new(key.as_str(), record, now + ttl))
+            Some(Entry::new(key.as_str(), record, expiry_after(now, ttl)))
         })
     }
 
@@ -422,7 +423,7 @@ impl IdempotencyStore for MemoryStore {
         let now = Instant::now();
         let entry = held(&mut shard.records, hash, key, owner, now)?;
         // Same record, same weight: only the expiry moves.
-        entry.expires_at = now + lease;
+        entry.expires_at = expiry_after(now, lease);
         Ok(())
     }
 }
