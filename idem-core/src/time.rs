@@ -1,6 +1,6 @@
 //! Durations as the whole milliseconds that the databases and Redis take.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The longest a record is kept or a claim leased: a century, "forever"
 /// for a record, and within what every backend takes. A longer lease or
@@ -32,7 +32,7 @@ pub fn expiry_millis(d: Duration) -> i64 {
 /// When a lease or a ttl of `d` that starts `now` ends, `d` taken as at
 /// most [`LONGEST_EXPIRY`].
 #[cfg(feature = "memory")]
-pub(crate) fn expiry_after(now: Instant, d: Duration) -> Instant {
+pub(crate) fn expiry_after(now: std::time::Instant, d: Duration) -> std::time::Instant {
     now + d.min(LONGEST_EXPIRY)
 }
 
@@ -54,7 +54,7 @@ mod tests {
     #[test]
     #[cfg(feature = "memory")]
     fn an_instant_a_forever_away_does_not_overflow() {
-        let now = Instant::now();
+        let now = std::time::Instant::now();
         assert_eq!(expiry_after(now, Duration::MAX), now + LONGEST_EXPIRY);
         assert_eq!(
             expiry_after(now, Duration::from_secs(1)),

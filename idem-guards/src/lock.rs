@@ -135,7 +135,8 @@ where
     /// Takes the lock, polling (with a growing pause, at most 200 ms) for up
     /// to `wait`; `None` if it stayed taken.
     pub async fn acquire(&self, wait: Duration) -> Result<Option<LockGuard<C>>, Error> {
-        let deadline = tokio::time::Instant::now() + wait;
+        // A wait meant as forever (`Duration::MAX`) is a century.
+        let deadline = tokio::time::Instant::now() + wait.min(idem_core::LONGEST_EXPIRY);
         let mut pause = Duration::from_millis(10);
         loop {
             if let Some(guard) = self.try_acquire().await? {

@@ -810,6 +810,25 @@ mod redis {
         assert!(long.try_acquire().await.unwrap().is_some(), "free again");
     }
 
+    /// A lease and a wait meant as forever (`Duration::MAX`): taken as a
+    /// century, never an overflow nor an expiry Redis refuses.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_lease_and_a_wait_meant_as_forever_hold() {
+        let Some(conn) = super::redis().await else {
+            return;
+        };
+        let name = format!("forever-{}", nonce());
+        let lock = RedisLock::with_namespace(conn, "idem-test:", &name, Duration::MAX);
+        let guard = lock
+            .acquire(Duration::MAX)
+            .await
+            .unwrap()
+            .expect("a free lock");
+        assert!(lock.try_acquire().await.unwrap().is_none(), "held");
+        assert!(guard.renew().await.unwrap());
+        assert!(guard.release().await.unwrap());
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn keep_alive_holds_the_lock_past_its_lease_and_acquire_waits() {
         let Some(conn) = super::redis().await else {

@@ -373,6 +373,21 @@ async fn sent_events_are_purged_in_bounded_batches<DB: GuardDb + TestSql>(pool: 
 /// `Relay::run` reports what it does: events published and retried by
 /// topic, and the lag of the oldest unsent event, through the `metrics`
 /// facade. (A current-thread runtime: the recorder is this thread's own.)
+/// A relay lease meant as forever (`Duration::MAX`) is taken as a century:
+/// the pass publishes, with no overflow in its deadline nor an expiry the
+/// database refuses.
+#[tokio::test(flavor = "current_thread")]
+async fn a_relay_lease_meant_as_forever_publishes() {
+    let pool = sqlite().await.expect("SQLite needs no server");
+    let outbox = outbox(&pool).await;
+    enqueue_committed(&outbox, &event("f", 1)).await;
+    let broker = Arc::new(Broker::default());
+    let relay = Relay::new(outbox.clone(), To(broker.clone())).lease(Duration::MAX);
+    let pass = relay.run_once().await.expect("a pass");
+    assert_eq!(pass.published, 1, "{pass:?}");
+    assert_eq!(broker.stored().len(), 1);
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn the_relay_counts_published_and_retried_events_and_sets_the_lag() {
     let recorder = PrometheusBuilder::new().build_recorder();

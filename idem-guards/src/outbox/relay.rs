@@ -177,10 +177,12 @@ impl<DB: GuardDb, P: Publisher> Relay<DB, P> {
 
     /// How long a claim is held: a relay that dies mid-batch delays its
     /// events by up to this much. It stops publishing a batch at four
-    /// fifths of it, so another relay's takeover does not overlap.
+    /// fifths of it, so another relay's takeover does not overlap. At
+    /// least 100 ms; a lease meant as forever (`Duration::MAX`) is a
+    /// century ([`LONGEST_EXPIRY`](idem_core::LONGEST_EXPIRY)).
     #[must_use]
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease.max(Duration::from_millis(100));
+        self.lease = lease.clamp(Duration::from_millis(100), idem_core::LONGEST_EXPIRY);
         self
     }
 

@@ -92,7 +92,9 @@ impl Breaker {
             state: Mutex::new(State::Closed { failures: 0 }),
             probes: AtomicU64::new(0),
             threshold: threshold.max(1),
-            pause,
+            // A pause meant as forever (`Duration::MAX`) is a century: no
+            // overflow when it is added to the time the breaker opens.
+            pause: pause.min(idem_core::LONGEST_EXPIRY),
         }
     }
 
@@ -212,6 +214,14 @@ mod tests {
         breaker.allow(t0).expect("closed").success();
         assert_eq!(fail(&breaker, t0), Transition::None);
         assert_eq!(breaker.current(), BreakerState::Closed);
+    }
+
+    #[test]
+    fn a_pause_meant_as_forever_opens_without_overflow() {
+        let breaker = Breaker::new(1, Duration::MAX);
+        let t0 = Instant::now();
+        assert_eq!(fail(&breaker, t0), Transition::Opened);
+        assert!(breaker.allow(t0 + Duration::from_secs(3600)).is_none());
     }
 
     /// The future running the probe was dropped (a caller's timeout, a lease

@@ -20,7 +20,10 @@ pub(super) struct Schedule {
 impl Schedule {
     /// Starts the clock of the total deadline.
     pub(super) fn start(policy: Arc<RetryPolicy>) -> Self {
-        let deadline = policy.deadline.map(|d| Instant::now() + d);
+        // A deadline meant as forever (`Duration::MAX`) is a century.
+        let deadline = policy
+            .deadline
+            .map(|d| Instant::now() + d.min(idem_core::LONGEST_EXPIRY));
         Self {
             policy,
             deadline,

@@ -7,7 +7,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use idem_core::{Duplicate, Outcome, OwnerToken};
+use idem_core::{Duplicate, LONGEST_EXPIRY, Outcome, OwnerToken};
 use idem_core::{DynStore, OpenTransaction, TransactionalStore, TxClaim};
 
 use super::answer::Answer;
@@ -195,7 +195,8 @@ impl Patience {
     fn new(in_flight: InFlightPolicy) -> Self {
         let deadline = match in_flight {
             InFlightPolicy::Reject => None,
-            InFlightPolicy::Wait(wait) => Some(Instant::now() + wait),
+            // A wait meant as forever (`Duration::MAX`) is a century.
+            InFlightPolicy::Wait(wait) => Some(Instant::now() + wait.min(LONGEST_EXPIRY)),
         };
         Self {
             deadline,

@@ -193,6 +193,25 @@ async fn a_503_then_success_is_one_effect_in_two_attempts() {
     assert_eq!(server.runs(), 1);
 }
 
+/// A deadline meant as forever (`Duration::MAX`) is no deadline to speak
+/// of, never an overflow: the retry after the 503 goes out.
+#[tokio::test]
+async fn a_deadline_meant_as_forever_retries() {
+    let server = Server::default();
+    server.fail_first.store(1, Ordering::SeqCst);
+    let addr = server.start().await;
+
+    let response = client(quick().deadline(Duration::MAX))
+        .oneshot(order(addr, None, r#"{"sku":"A-1"}"#))
+        .await
+        .expect("an answer");
+    let (status, delivery, _) = read(response).await;
+
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(delivery.attempts, 2);
+    assert_eq!(server.runs(), 1);
+}
+
 #[tokio::test]
 async fn a_generated_key_is_made_once_and_kept_across_retries() {
     let server = Server::default();

@@ -247,25 +247,28 @@ async fn in_flight_retry_after_is_short_and_never_past_the_lease() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn waiting_duplicates_all_receive_the_replayed_success() {
-    let calls = Calls::default();
-    let inner = counting(&calls, |n, _| async move {
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        created(n)
-    });
-    let idem = Idempotency::builder(MemoryStore::new())
-        .in_flight(InFlightPolicy::Wait(Duration::from_secs(5)))
-        .build();
-    let service = idem.layer().layer(inner);
+    // A wait meant as forever (`Duration::MAX`) too: no deadline overflows.
+    for wait in [Duration::from_secs(5), Duration::MAX] {
+        let calls = Calls::default();
+        let inner = counting(&calls, |n, _| async move {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            created(n)
+        });
+        let idem = Idempotency::builder(MemoryStore::new())
+            .in_flight(InFlightPolicy::Wait(wait))
+            .build();
+        let service = idem.layer().layer(inner);
 
-    let replies = concurrently(30, &service, || post("/orders", Some("k-wait"), ORDER)).await;
+        let replies = concurrently(30, &service, || post("/orders", Some("k-wait"), ORDER)).await;
 
-    assert_eq!(calls.get(), 1);
-    for reply in &replies {
-        assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
-        assert_eq!(reply.text(), order_body(1));
+        assert_eq!(calls.get(), 1, "{wait:?}");
+        for reply in &replies {
+            assert_eq!(reply.status, StatusCode::CREATED, "{wait:?}: {reply:?}");
+            assert_eq!(reply.text(), order_body(1));
+        }
+        assert_eq!(replies.iter().filter(|r| !r.replayed()).count(), 1);
+        assert_eq!(replies.iter().filter(|r| r.replayed()).count(), 29);
     }
-    assert_eq!(replies.iter().filter(|r| !r.replayed()).count(), 1);
-    assert_eq!(replies.iter().filter(|r| r.replayed()).count(), 29);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
