@@ -40,9 +40,11 @@ impl Placeholder {
         )
     }
 
-    /// Whether the value comes from the client: headers, path, query and body.
+    /// Whether the client supplies the value, and may leave it out:
+    /// headers, query and body. A path parameter is the route's, there
+    /// whenever the route matched.
     pub fn is_client_supplied(&self) -> bool {
-        self.is_per_request()
+        matches!(self, Self::Header(_) | Self::Query(_) | Self::Body(_))
     }
 }
 

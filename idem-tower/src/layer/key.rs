@@ -85,7 +85,10 @@ pub(super) fn target(
                     policy.template
                 )));
             }
-            Err(KeyError::Missing(_)) if !policy.required && no_client_part(policy, &view) => {
+            // A body that is not JSON has no part a pointer reads: absent.
+            Err(KeyError::Missing(_) | KeyError::BodyNotJson)
+                if !policy.required && no_client_part(policy, &view) =>
+            {
                 return Ok(None);
             }
             Err(err) => return Err(key_problem(err)),
@@ -120,14 +123,16 @@ pub(super) fn absent_from_head(
     no_client_part(policy, &view)
 }
 
-/// Whether the request carries none of the key's client-supplied parts: the
-/// only case an optional key lets through undeduplicated.
+/// Whether the key has client-supplied parts and the request carries none
+/// of them: the only case an optional key lets through undeduplicated. A
+/// key with none (a path parameter and resolvers, say) is never absent.
 fn no_client_part(policy: &Policy, view: &RequestView<'_>) -> bool {
-    policy
+    let mut parts = policy
         .template
         .placeholders()
         .filter(|p| p.is_client_supplied())
-        .all(|p| !view.is_present(p))
+        .peekable();
+    parts.peek().is_some() && parts.all(|p| !view.is_present(p))
 }
 
 /// A key the client's request cannot make: 400.

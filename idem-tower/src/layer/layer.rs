@@ -158,9 +158,12 @@ impl IdempotencyLayer {
     }
 
     /// Whether a request must carry its key (the default). With `false`, a
-    /// request whose client-supplied key parts are all absent passes straight
-    /// to the service, without deduplication; a partly present or malformed
-    /// key is still a 400.
+    /// request whose client-supplied key parts (its headers, query and
+    /// body; a body that is not JSON has none) are all absent passes
+    /// straight to the service, without deduplication; a partly present or
+    /// malformed key is still a 400. A path parameter is the route's, never
+    /// absent: a key of path parameters and resolvers alone is always
+    /// deduplicated.
     pub fn required(mut self, required: bool) -> Self {
         self.policy().required = required;
         self

@@ -136,6 +136,64 @@ async fn optional_key_partly_present_is_400() {
     body_part_absent.assert_problem(StatusCode::BAD_REQUEST, "key-missing");
 }
 
+/// An optional key is absent when the client sent none of its parts,
+/// whatever else the template reads: a path parameter is the route's,
+/// always there, and a body that is not JSON has no part a pointer reads.
+/// Such a request passes through (the handler runs each time); the same
+/// with the key header is deduplicated. A template with no part the client
+/// supplies (only the path here) is never absent: always deduplicated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_optional_key_is_absent_whatever_the_route_and_body_supply() {
+    let paid = r#"{"status":"PAID"}"#;
+    for (template, body) in [
+        ("pay:{path:payment_no}:{header:idempotency-key}", paid),
+        ("pay:{body:/order_no}:{header:idempotency-key}", ""),
+        ("pay:{body:/order_no}:{header:idempotency-key}", "paid=1"),
+        ("pay:{header:idempotency-key}:{body:/order_no}", "paid=1"),
+    ] {
+        let calls = Calls::default();
+        let inner = counting(&calls, |n, _| async move { created(n) });
+        let service = Idempotency::new(MemoryStore::new())
+            .layer_with_key(template)
+            .expect("a valid template")
+            .route("/payments/{payment_no}/callback")
+            .required(false)
+            .layer(inner);
+        let path = "/payments/P-1/callback";
+        for _ in 0..2 {
+            let unkeyed = send(&service, post(path, None, body)).await;
+            assert_eq!(
+                unkeyed.status,
+                StatusCode::CREATED,
+                "{template} {body:?}: {unkeyed:?}"
+            );
+            assert!(!unkeyed.replayed());
+        }
+        assert_eq!(
+            calls.get(),
+            2,
+            "{template} {body:?}: passed through, each ran"
+        );
+    }
+
+    let calls = Calls::default();
+    let inner = counting(&calls, |n, _| async move { created(n) });
+    let service = Idempotency::new(MemoryStore::new())
+        .layer_with_key("pay:{path:payment_no}")
+        .expect("a valid template")
+        .route("/payments/{payment_no}/callback")
+        .required(false)
+        .layer(inner);
+    let first = send(&service, post("/payments/P-1/callback", None, paid)).await;
+    let again = send(&service, post("/payments/P-1/callback", None, paid)).await;
+    assert!(!first.replayed() && again.replayed(), "{again:?}");
+    assert_eq!(
+        calls.get(),
+        1,
+        "a key only the route supplies is never absent"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn path_placeholder_is_read_with_the_configured_route_on_a_plain_service() {
     let calls = Calls::default();
