@@ -183,8 +183,12 @@ impl IdempotencyBuilder {
     }
 
     /// The largest response body stored for replay
-    /// ([`DEFAULT_MAX_STORED_RESPONSE`](Self::DEFAULT_MAX_STORED_RESPONSE)). A larger response is still sent,
-    /// and its key is completed as not replayable: duplicates get 409.
+    /// ([`DEFAULT_MAX_STORED_RESPONSE`](Self::DEFAULT_MAX_STORED_RESPONSE)).
+    /// A larger response is still sent, and its key is completed as not
+    /// replayable: duplicates get 409 (`ALREADY_EXISTS` on gRPC). It is
+    /// settled when the cap is reached, from its head: its trailers, and a
+    /// gRPC call's final status in them, are not awaited, so a larger gRPC
+    /// reply is completed as not replayable whatever status it ends with.
     pub fn max_stored_response(mut self, bytes: usize) -> Self {
         self.config.max_stored_response = bytes;
         self

@@ -26,7 +26,9 @@
 //! `grpc-status`, in its trailers or, trailers-only, in its headers: `OK`,
 //! `INVALID_ARGUMENT`, `NOT_FOUND`, `ALREADY_EXISTS`, `FAILED_PRECONDITION`
 //! and `OUT_OF_RANGE` are kept and replayed; any other code (`UNAVAILABLE`,
-//! `INTERNAL`, ...) or none releases the key, so a retry runs.
+//! `INTERNAL`, ...) or none releases the key, so a retry runs; except on a
+//! reply over [`max_stored_response`](crate::IdempotencyBuilder::max_stored_response),
+//! settled before its trailers are read.
 //! [`IdempotencyBuilder::final_response`](crate::IdempotencyBuilder::final_response)
 //! puts a policy of your own, on the whole response, in place of both rules.
 //!

@@ -169,6 +169,43 @@ async fn a_whole_response_policy_sees_the_trailers() {
     }
 }
 
+/// Under the default policy, a gRPC reply over `max_stored_response` is
+/// settled when the cap is reached, before its trailers: its final status
+/// (here `UNAVAILABLE`, which would release a smaller reply's key) is not
+/// read, and the key is completed as not replayable, as documented: the
+/// retry gets `ALREADY_EXISTS` (6) and the method does not run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_grpc_reply_too_large_to_store_is_kept_whatever_its_final_status() {
+    let calls = Calls::default();
+    let inner = counting(&calls, |_, _| async move {
+        let mut status = HeaderMap::new();
+        status.insert("grpc-status", HeaderValue::from_static("14"));
+        // One message of 64 bytes, in its 5-byte frame.
+        let message = concat!(
+            "\0\0\0\0\x40",
+            "xxxxxxxxxxxxxxxx",
+            "xxxxxxxxxxxxxxxx",
+            "xxxxxxxxxxxxxxxx",
+            "xxxxxxxxxxxxxxxx"
+        );
+        Response::builder()
+            .header("content-type", "application/grpc")
+            .body(Body::new(with_trailers(message, status)))
+            .unwrap()
+    });
+    let idem = Idempotency::builder(MemoryStore::new())
+        .max_stored_response(16)
+        .build();
+    let service = idem.layer().layer(inner);
+    let first = read(service.clone().oneshot(grpc_call("k-large")).await.unwrap()).await;
+    assert_eq!(first.2.len(), 69, "sent whole");
+    let trailers = first.3.expect("the reply's trailers");
+    assert_eq!(trailers["grpc-status"], "14", "the client sees its status");
+    let retry = service.clone().oneshot(grpc_call("k-large")).await.unwrap();
+    assert_eq!(retry.headers()["grpc-status"], "6", "{retry:?}");
+    assert_eq!(calls.get(), 1);
+}
+
 /// A response too large to store is decided on before its end, so a
 /// whole-response policy sees no trailers: one it refuses is released (the
 /// retry runs), not kept as "completed, not replayable".
