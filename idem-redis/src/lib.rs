@@ -3,7 +3,10 @@
 //! - [`RedisStore`]: idempotency records in Redis, one round trip per
 //!   claim (`SET NX PX GET`), completion, release and renewal fenced by the
 //!   owner token in Lua; on a `ConnectionManager`, a Cluster connection, or
-//!   a [`SentinelConnection`] that follows a failover.
+//!   a [`SentinelConnection`] that follows a failover. It needs Redis 7.0 or
+//!   later (or a server that takes `SET` with both `NX` and `GET`, as
+//!   Valkey does): on 6.2 every claim fails, the tiered store runs on SQL
+//!   alone and `RedisStore` alone answers 503.
 //! - [`TieredStore`]: the Redis gate in front of a
 //!   store of record (a SQL store), duplicates answered by Redis, the store
 //!   of record's unique index the bottom line, transactional mode through

@@ -73,7 +73,12 @@ where
     }
 
     /// How long a record copied from SQL back into Redis stays there
-    /// ([`DEFAULT_REWARM_TTL`](Self::DEFAULT_REWARM_TTL), 1 hour).
+    /// ([`DEFAULT_REWARM_TTL`](Self::DEFAULT_REWARM_TTL), 1 hour). The
+    /// copy is replayed from Redis for this long even when SQL's record
+    /// expires sooner (SQL does not say how long its record has left): keep
+    /// it at or under the shortest `ttl` of the routes behind the store, or
+    /// a route with a 5-minute `ttl` replays a re-warmed response for up to
+    /// this long.
     pub fn rewarm_ttl(mut self, ttl: Duration) -> Self {
         self.rewarm_ttl = ttl;
         self
