@@ -243,6 +243,40 @@ async fn a_redis_outage_degrades_to_sql_and_recovers_without_a_restart() {
     );
 }
 
+/// SQL's completion landed but its answer was lost (here it is completed
+/// behind the tiered store's back), and the retry of the completion is told
+/// the lease is lost: the gate's in-flight record of the claim goes, so a
+/// duplicate asks SQL and is replayed, not told "in flight" for a lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_completion_sql_took_unheard_leaves_the_gate_to_sql() {
+    let Some(store) = tiered().await else { return };
+    let key = key("completion-unheard");
+    let owner = OwnerToken::generate();
+    assert_eq!(
+        store.claim(&key, &FP, LONG, owner).await.unwrap(),
+        Claim::Acquired(owner)
+    );
+    let outcome = Outcome::NotReplayable;
+    store
+        .truth()
+        .complete(&key, &owner, &outcome, LONG)
+        .await
+        .unwrap();
+    let retried = store.complete(&key, &owner, &outcome, LONG).await;
+    assert_eq!(
+        retried.map_err(|err| err.kind()),
+        Err(idem_core::ErrorKind::LeaseLost)
+    );
+    assert_eq!(
+        store
+            .claim(&key, &FP, LONG, OwnerToken::generate())
+            .await
+            .unwrap(),
+        Claim::Replay(outcome),
+        "the duplicate is SQL's replay"
+    );
+}
+
 /// A claim whose gate command timed out may still land on the gate (here
 /// Redis hangs with the `SET NX` in its socket and runs it when it wakes).
 /// When SQL does not give that claim the key (another request holds it),

@@ -344,7 +344,14 @@ where
         outcome: &Outcome,
         ttl: Duration,
     ) -> Result<(), Error> {
-        self.inner.truth.complete(key, owner, outcome, ttl).await?;
+        if let Err(err) = self.inner.truth.complete(key, owner, outcome, ttl).await {
+            // SQL may have completed all the same (its answer lost, and a
+            // retry told the lease is lost, as the record is no longer in
+            // flight): our gate record goes, so duplicates ask SQL rather
+            // than being told "in flight" by it for the rest of the lease.
+            self.take_back(key, owner).await;
+            return Err(err);
+        }
         // A gate without our claim (it was skipped) fills itself on the next
         // duplicate, from SQL.
         let _ = self
