@@ -135,7 +135,9 @@ fn event(key: &str, n: usize) -> Event {
 
 async fn only_committed_events_are_published<DB: GuardDb + TestSql>(pool: Pool<DB>) {
     let outbox = outbox(&pool).await;
-    let committed = event("alice", 1).header("content-type", "application/json");
+    let committed = event("alice", 1)
+        .header("content-type", "application/json")
+        .expect("a valid header");
     enqueue_committed(&outbox, &committed).await;
 
     let mut tx = pool.begin().await.unwrap();

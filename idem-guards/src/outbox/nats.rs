@@ -1,7 +1,7 @@
 //! Publishing outbox events to NATS JetStream.
 
 use async_nats::HeaderMap;
-use async_nats::header::NATS_MESSAGE_ID;
+use async_nats::header::{HeaderName, HeaderValue, NATS_MESSAGE_ID};
 use async_nats::jetstream;
 
 use super::event::PendingEvent;
@@ -53,12 +53,15 @@ impl Publisher for JetStreamPublisher {
     ) -> BoxFuture<'a, Result<Published, BoxError>> {
         Box::pin(async move {
             let event = pending.event();
+            // Parsed, not inserted as strings: async-nats panics on a name or
+            // value it cannot send, and a row written before `Event` checked
+            // its headers must fail its publish, not the relay.
             let mut headers = HeaderMap::new();
             for (name, value) in event.headers() {
-                headers.append(name.as_str(), value.as_str());
+                headers.append(name.parse::<HeaderName>()?, value.parse::<HeaderValue>()?);
             }
-            headers.insert(NATS_MESSAGE_ID, event.id());
-            headers.insert(EVENT_KEY_HEADER, event.key());
+            headers.insert(NATS_MESSAGE_ID, event.id().parse::<HeaderValue>()?);
+            headers.insert(EVENT_KEY_HEADER, event.key().parse::<HeaderValue>()?);
             let ack = self
                 .js
                 .publish_with_headers(event.topic().to_owned(), headers, pending.payload())
