@@ -1,10 +1,9 @@
 //! A Redis lock with an owner token and a lease, for the rare work that must
 //! be serialised: not idempotency (see [`RedisLock`]).
 
-use std::sync::Arc;
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use ::redis::Script;
 use ::redis::aio::ConnectionLike;
@@ -113,6 +112,7 @@ where
     /// it.
     pub async fn try_acquire(&self) -> Result<Option<LockGuard<C>>, Error> {
         let owner = format!("{:032x}", rand::random::<u128>());
+        let sent = Instant::now();
         let set: Option<String> = ::redis::cmd("SET")
             .arg(&self.key)
             .arg(&owner)
@@ -128,6 +128,7 @@ where
                 key: self.key.clone(),
                 owner,
                 lease: self.lease,
+                held_until: Mutex::new(lease_end(sent, self.lease)),
             }),
         }))
     }
@@ -163,6 +164,15 @@ struct GuardInner<C> {
     key: String,
     owner: String,
     lease: Duration,
+    /// When the lease ends at the latest, from the sending of the last
+    /// command that set it (the acquisition or a renewal Redis confirmed).
+    held_until: Mutex<Instant>,
+}
+
+/// The end of a lease of `lease` set by a command sent at `sent`; a
+/// century for a lease meant as forever.
+fn lease_end(sent: Instant, lease: Duration) -> Instant {
+    sent + lease.min(idem_core::LONGEST_EXPIRY)
 }
 
 impl<C> std::fmt::Debug for LockGuard<C> {
@@ -175,7 +185,15 @@ impl<C> std::fmt::Debug for LockGuard<C> {
 }
 
 impl<C: ConnectionLike + Clone> GuardInner<C> {
+    fn held_until(&self) -> Instant {
+        *self
+            .held_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     async fn renew(&self) -> Result<bool, Error> {
+        let sent = Instant::now();
         let renewed: i64 = RENEW
             .key(&self.key)
             .arg(&self.owner)
@@ -183,6 +201,13 @@ impl<C: ConnectionLike + Clone> GuardInner<C> {
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(Error::unavailable)?;
+        if renewed == 1 {
+            let mut held_until = self
+                .held_until
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            *held_until = (*held_until).max(lease_end(sent, self.lease));
+        }
         Ok(renewed == 1)
     }
 }
@@ -217,27 +242,36 @@ where
     }
 
     /// Renews the lease every third of it in a background task until the
-    /// returned handle is dropped, or a renewal finds the lock lost
-    /// ([`KeepAlive::lost`] then says so). Needs a tokio runtime.
+    /// returned handle is dropped, or the lock is lost ([`KeepAlive::lost`]
+    /// then says so): a renewal finds it no longer this holder's, or the
+    /// lease ran out with no renewal confirmed (Redis unreachable or not
+    /// answering: another holder may have it by then). Needs a tokio
+    /// runtime.
     pub fn keep_alive(&self) -> KeepAlive {
         let inner = self.inner.clone();
         let lost = Arc::new(AtomicBool::new(false));
         let flag = lost.clone();
         let task = tokio::spawn(async move {
-            let period = (inner.lease / 3).max(Duration::from_millis(1));
+            let period =
+                (inner.lease / 3).clamp(Duration::from_millis(1), Duration::from_secs(86_400));
             loop {
                 tokio::time::sleep(period).await;
-                match inner.renew().await {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        flag.store(true, Ordering::SeqCst);
-                        return;
-                    }
+                // A renewal not confirmed by the lease's end is too late.
+                let deadline = tokio::time::Instant::from_std(inner.held_until());
+                match tokio::time::timeout_at(deadline, inner.renew()).await {
+                    Ok(Ok(true)) => {}
+                    Ok(Ok(false)) | Err(_) => break,
                     // Redis unreachable: keep trying while the lease may
                     // still be running.
-                    Err(err) => tracing::warn!(%err, key = %inner.key, "lock renewal failed"),
+                    Ok(Err(err)) => {
+                        tracing::warn!(%err, key = %inner.key, "lock renewal failed");
+                        if Instant::now() >= inner.held_until() {
+                            break;
+                        }
+                    }
                 }
             }
+            flag.store(true, Ordering::SeqCst);
         });
         KeepAlive { task, lost }
     }
@@ -251,8 +285,9 @@ pub struct KeepAlive {
 }
 
 impl KeepAlive {
-    /// Whether a renewal found the lock no longer this holder's: stop the
-    /// work (its exclusivity is gone).
+    /// Whether the lock is lost: a renewal found it no longer this
+    /// holder's, or its lease ran out with no renewal confirmed. Stop the
+    /// work: its exclusivity is gone.
     pub fn lost(&self) -> bool {
         self.lost.load(Ordering::SeqCst)
     }

@@ -219,6 +219,13 @@ impl<S: LifecycleState> StateMachine<S> {
             else {
                 return Ok(Transition::NotFound);
             };
+            // A row whose state is NULL is there: not "not found".
+            let Some(text) = text else {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!("{table}.{state} is NULL, which is no known state"),
+                ));
+            };
             let current = S::from_stored(&text).ok_or_else(|| {
                 Error::new(
                     ErrorKind::Corrupt,

@@ -137,6 +137,35 @@ async fn transition_applies_once_then_is_already_in_target<DB: GuardDb + TestSql
     table.drop_table().await;
 }
 
+/// A row whose state column is NULL exists: the transition says its state
+/// is corrupt, never that the row is not there.
+async fn a_null_state_is_corrupt_not_missing<DB: GuardDb + TestSql>(pool: Pool<DB>) {
+    let table = Table::create(
+        &pool,
+        "guard_pay_null",
+        "payment_no VARCHAR(64) PRIMARY KEY, state VARCHAR(16) NULL",
+    )
+    .await;
+    let machine = StateMachine::new(&table.name, "payment_no", "state").unwrap();
+    DB::exec(
+        &table.pool,
+        format!(
+            "INSERT INTO {} (payment_no, state) VALUES ('P-1', NULL)",
+            table.name
+        ),
+    )
+    .await;
+    let mut conn = pool.acquire().await.unwrap();
+    let err = machine
+        .transition(&mut *conn, "P-1", &[PayState::WaitPay], PayState::Paid)
+        .await
+        .expect_err("a NULL state is no state");
+    assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
+    assert_eq!(table.count("state IS NULL").await, 1, "nothing written");
+    drop(conn);
+    table.drop_table().await;
+}
+
 /// Fifteen callbacks at once, each in its own transaction: one transition
 /// applies and books one credit; every other sees it done.
 async fn concurrent_transitions_apply_exactly_once<DB: GuardDb + TestSql>(pool: Pool<DB>) {
@@ -672,6 +701,7 @@ async fn concurrent_deliveries_process_each_event_once<DB: GuardDb + TestSql>(po
 
 sql_cases!(
     transition_applies_once_then_is_already_in_target,
+    a_null_state_is_corrupt_not_missing,
     concurrent_transitions_apply_exactly_once,
     transition_rolls_back_with_the_callers_transaction,
     transition_rejects_what_it_cannot_use,
@@ -827,6 +857,31 @@ mod redis {
         assert!(lock.try_acquire().await.unwrap().is_none(), "held");
         assert!(guard.renew().await.unwrap());
         assert!(guard.release().await.unwrap());
+    }
+
+    /// The keep-alive's Redis goes away: once the lease has run out with
+    /// no renewal confirmed, the lock may be another's, and `lost` says so
+    /// (it kept saying the lock was held while the renewals failed).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn keep_alive_says_lost_once_the_lease_ran_out_unrenewed() {
+        let Some(server) = idem_core::conformance::RedisServer::start(&[]) else {
+            return;
+        };
+        let client = ::redis::Client::open(server.url()).expect("a Redis URL");
+        let conn = ConnectionManager::new(client).await.expect("the server");
+        let lock = RedisLock::with_namespace(
+            conn,
+            "idem-test:",
+            &format!("gone-{}", nonce()),
+            Duration::from_millis(300),
+        );
+        let guard = lock.try_acquire().await.unwrap().expect("free");
+        let keep_alive = guard.keep_alive();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!keep_alive.lost(), "renewed while Redis answers");
+        server.stop();
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        assert!(keep_alive.lost(), "the lease ran out unrenewed");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -69,13 +69,14 @@ pub trait GuardDb: Dialect + sealed::Sealed {
         args: &[Value<'_>],
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 
-    /// The first column of the first row, as text.
+    /// The first column of the first row, as text: `None` if there is no
+    /// row, `Some(None)` if the column is NULL.
     #[doc(hidden)]
     fn fetch_text(
         conn: &mut Self::Connection,
         sql: String,
         args: &[Value<'_>],
-    ) -> impl Future<Output = Result<Option<String>, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<Option<Option<String>>, sqlx::Error>> + Send;
 
     /// Every row, read as outbox events.
     #[doc(hidden)]

@@ -21,10 +21,10 @@ macro_rules! guard_statements {
             conn: &mut $conn,
             sql: String,
             args: &[Value<'_>],
-        ) -> Result<Option<String>, sqlx::Error> {
+        ) -> Result<Option<Option<String>>, sqlx::Error> {
             let query = bind_all(sqlx::query(AssertSqlSafe(sql)), args);
             match query.fetch_optional(&mut *conn).await? {
-                Some(row) => sqlx::Row::try_get(&row, 0),
+                Some(row) => sqlx::Row::try_get(&row, 0).map(Some),
                 None => Ok(None),
             }
         }

@@ -228,6 +228,10 @@ impl<DB: GuardDb, P: Publisher> Relay<DB, P> {
     /// event back with a backoff and holds back the later events of its key
     /// in this batch; events left unpublished are let go at the end.
     pub async fn run_once(&self) -> Result<Pass, Error> {
+        // The lease runs from the claim's start (PostgreSQL's now() is its
+        // transaction's), not its end: a claim that waited on the outbox's
+        // lock would otherwise publish past its lease, into a takeover.
+        let stop_at = Instant::now() + self.lease * 4 / 5;
         let claimed = self
             .outbox
             .claim(&self.name, self.batch, self.lease)
@@ -239,7 +243,6 @@ impl<DB: GuardDb, P: Publisher> Relay<DB, P> {
         if claimed.events.is_empty() {
             return Ok(pass);
         }
-        let stop_at = Instant::now() + self.lease * 4 / 5;
         let mut held_back = HashSet::new();
         for pending in &claimed.events {
             let event = pending.event();
