@@ -162,11 +162,21 @@ impl Dialect for MySql {
             return Ok(ClaimStep::Vanished);
         };
         let ours = row.state == "I" && row.owner.as_deref() == Some(&args.owner.as_bytes()[..]);
-        Ok(if ours {
-            ClaimStep::Acquired
-        } else {
-            ClaimStep::Existing(row)
-        })
+        if !ours {
+            return Ok(ClaimStep::Existing(row));
+        }
+        // `UTC_TIMESTAMP` is the statement's start, so a claim that waited
+        // on another transaction's row lock got a lease short by the wait
+        // (over by now, after a long one, and a duplicate could take the key
+        // at once). A lease short by more than the third the layer renews
+        // within is renewed here; if it ran out meanwhile, the claim is
+        // tried again.
+        if row.ms_left < args.lease_ms / 3 * 2
+            && !Self::renew(conn, q, args.key_hash, args.owner, args.lease_ms).await?
+        {
+            return Ok(ClaimStep::Vanished);
+        }
+        Ok(ClaimStep::Acquired)
     }
 
     shared_statements!(MySqlConnection, own purge);

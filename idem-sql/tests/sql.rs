@@ -342,6 +342,68 @@ async fn sqlite_transactional_claims_waiting_for_their_turn_hold_no_connection()
 /// transactional claim is told "in flight" and a plain claim waits, then
 /// replays; a live record that got into the table meanwhile makes the
 /// commit fail, with none of its writes; an expired record is taken over.
+/// A plain claim that waited for a transactional claim of its key (on
+/// PostgreSQL the key's advisory lock, on MySQL the claim's row) holds a
+/// whole lease from when it got the key. Counted from when it started,
+/// its lease was over by then: a duplicate took the key at once and ran
+/// the handler a second time, and the claim's renewals were refused.
+async fn a_plain_claim_that_waited_holds_a_whole_lease<S>(store: S)
+where
+    S: idem_core::IdempotencyStore + idem_core::TransactionalStore + Clone + 'static,
+{
+    use idem_core::{Claim, Fingerprint, IdempotencyKey, OwnerToken, TxClaim};
+
+    let key = IdempotencyKey::new("idem-test:", &format!("waited-lease:{:016x}", rand_u64()));
+    let fp = Fingerprint::from_bytes([6; 32]);
+    let lease = Duration::from_millis(500);
+    let TxClaim::Open(tx) = store
+        .claim_in_transaction(&key, &fp, Duration::from_secs(30), OwnerToken::generate())
+        .await
+        .unwrap()
+    else {
+        panic!("a fresh key is acquired");
+    };
+    let plain = tokio::spawn({
+        let (store, key) = (store.clone(), key.clone());
+        async move { store.claim(&key, &fp, lease, OwnerToken::generate()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        !plain.is_finished(),
+        "the plain claim waits for the transaction"
+    );
+    tx.rollback().await.unwrap();
+    let Claim::Acquired(owner) = plain.await.unwrap().unwrap() else {
+        panic!("the key is free once the transaction rolled back");
+    };
+    let duplicate = store
+        .claim(&key, &fp, lease, OwnerToken::generate())
+        .await
+        .unwrap();
+    assert!(
+        matches!(duplicate, Claim::InFlight { .. }),
+        "the waited claim still holds the key: {duplicate:?}"
+    );
+    store
+        .renew(&key, &owner, lease)
+        .await
+        .expect("its lease is running");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_plain_claim_that_waited_holds_a_whole_lease() {
+    if let Some(store) = postgres().await {
+        a_plain_claim_that_waited_holds_a_whole_lease(store).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_plain_claim_that_waited_holds_a_whole_lease() {
+    if let Some(store) = mysql().await {
+        a_plain_claim_that_waited_holds_a_whole_lease(store).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_transactional_claims_write_their_record_at_commit() {
     use idem_core::{Claim, Duplicate, Fingerprint, IdempotencyKey, Outcome, OwnerToken};

@@ -95,7 +95,11 @@ impl Dialect for Postgres {
                  SELECT EXISTS (SELECT 1 FROM claimed), \
                    live.state, live.owner, live.fingerprint, live.outcome, live.ms_left \
                  FROM (SELECT 1) AS one LEFT JOIN live ON true",
-                lease_end = expires("$5"),
+                // From when the row is written, after `turn` may have
+                // waited: `now()` is the statement's start, and a lease
+                // counted from it would lose the wait (all of it, after a
+                // long one, and a duplicate could take the key at once).
+                lease_end = "clock_timestamp() + $5::bigint * interval '1 millisecond'",
             )
             .into(),
             select: format!(
