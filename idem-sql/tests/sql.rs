@@ -404,6 +404,49 @@ async fn mysql_plain_claim_that_waited_holds_a_whole_lease() {
     }
 }
 
+/// A prepare that failed partway (here the table was not migrated yet:
+/// the lock's statement was prepared, the read's refused) leaves its first
+/// statements on the connection, outliving the rollback. The next claim
+/// there prepares the ones missing: preparing all of them again was
+/// refused ("already exists"), and every transactional claim on that
+/// connection failed until it closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_prepare_that_failed_partway_is_finished_later() {
+    use idem_core::{Fingerprint, IdempotencyKey, OwnerToken, TransactionalStore, TxClaim};
+    use idem_sql::sqlx;
+
+    let url = postgres_url();
+    let pool = match PgPoolOptions::new().max_connections(1).connect(&url).await {
+        Ok(pool) => pool,
+        Err(err) => return server_missing("PostgreSQL", &url, err).unwrap_or(()),
+    };
+    let table = format!("idem_test_partway_{:016x}", rand_u64());
+    let store = PgStore::builder(pool).table(&table).build().unwrap();
+    let key = IdempotencyKey::new("idem-test:", "partway");
+    let fp = Fingerprint::from_bytes([7; 32]);
+    let lease = Duration::from_secs(30);
+    let before = store
+        .claim_in_transaction(&key, &fp, lease, OwnerToken::generate())
+        .await;
+    assert!(before.is_err(), "no table yet: {before:?}");
+
+    store.migrate().await.expect("migrate");
+    let claimed = store
+        .claim_in_transaction(&key, &fp, lease, OwnerToken::generate())
+        .await
+        .expect("the same connection claims once the table is there");
+    let TxClaim::Open(tx) = claimed else {
+        panic!("a fresh key is acquired: {claimed:?}");
+    };
+    tx.rollback().await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP TABLE {table}; DROP TABLE IF EXISTS {table}_schema"
+    )))
+    .execute(store.pool())
+    .await
+    .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_transactional_claims_write_their_record_at_commit() {
     use idem_core::{Claim, Duplicate, Fingerprint, IdempotencyKey, Outcome, OwnerToken};

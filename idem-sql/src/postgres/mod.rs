@@ -203,9 +203,31 @@ impl Dialect for Postgres {
         {
             Err(err) if has_code(&err, &[script::NOT_PREPARED]) => {
                 let script = script::prepare_and_claim(table, lock_id, args.key_hash, timeout_ms);
-                sqlx::raw_sql(AssertSqlSafe(script))
+                match sqlx::raw_sql(AssertSqlSafe(script))
                     .fetch_all(&mut *conn)
-                    .await?
+                    .await
+                {
+                    // An earlier prepare on this connection failed partway.
+                    Err(err) if has_code(&err, &[script::ALREADY_PREPARED]) => {
+                        let prepared = sqlx::raw_sql(AssertSqlSafe(script::which_prepared(table)))
+                            .fetch_all(&mut *conn)
+                            .await?
+                            .iter()
+                            .map(|row| row.try_get::<String, _>(0))
+                            .collect::<Result<Vec<_>, _>>()?;
+                        let script = script::prepare_missing_and_claim(
+                            table,
+                            &prepared,
+                            lock_id,
+                            args.key_hash,
+                            timeout_ms,
+                        );
+                        sqlx::raw_sql(AssertSqlSafe(script))
+                            .fetch_all(&mut *conn)
+                            .await?
+                    }
+                    rows => rows?,
+                }
             }
             rows => rows?,
         };

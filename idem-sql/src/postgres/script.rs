@@ -36,6 +36,10 @@ pub(crate) fn bytes(value: &[u8]) -> String {
 /// has not prepared: `invalid_sql_statement_name`.
 pub(crate) const NOT_PREPARED: &str = "26000";
 
+/// The error PostgreSQL answers a `PREPARE` of a name the session has
+/// prepared already: `duplicate_prepared_statement`.
+pub(crate) const ALREADY_PREPARED: &str = "42P05";
+
 /// The generation of the statements below, part of their names: raised
 /// whenever a statement's text or parameters change. A pooler in front of
 /// PostgreSQL (PgBouncer in transaction mode) shares a server session
@@ -58,23 +62,86 @@ const GENERATION: u32 = 1;
 /// found no record, nearly every one, needs, and for what one that found
 /// an expired record needs.
 pub(crate) fn prepare(table: &str) -> String {
+    prepare_missing(table, &[])
+}
+
+/// The statements' names on `table`, as PostgreSQL keeps them (folded to
+/// lower case, as unquoted names are).
+pub(crate) fn statement_names(table: &str) -> [String; 3] {
+    ["lock", "read", "insert"].map(|what| format!("idem{GENERATION}_{what}_{table}").to_lowercase())
+}
+
+/// [`prepare`] for those of the statements not named in `prepared`: after a
+/// prepare that failed partway (a table not migrated yet, a missing
+/// privilege), the session keeps the statements prepared before the
+/// failure, and preparing them again is refused (`ALREADY_PREPARED`).
+pub(crate) fn prepare_missing(table: &str, prepared: &[String]) -> String {
+    let [lock, read, insert] = statement_names(table);
+    [
+        (
+            lock,
+            "(bigint, text) AS \
+             SELECT pg_try_advisory_xact_lock($1), set_config('lock_timeout', $2, true)"
+                .to_owned(),
+        ),
+        (
+            read,
+            format!(
+                "(bytea) AS \
+                 SELECT state::text, owner, fingerprint, outcome, \
+                   (EXTRACT(EPOCH FROM (expires_at - now())) * 1000)::int8 \
+                 FROM {table} WHERE key_hash = $1"
+            ),
+        ),
+        (
+            insert,
+            format!(
+                "(bytea, bytea, bytea, bytea, bigint) AS \
+                 WITH expired AS ( \
+                   DELETE FROM {table} WHERE key_hash = $1 AND expires_at <= now() RETURNING 1 \
+                 ) \
+                 INSERT INTO {table} \
+                   (key_hash, idem_key, state, owner, fingerprint, outcome, expires_at) \
+                 SELECT $1, convert_from($2, 'UTF8'), 'C', NULL, $3, $4, \
+                   now() + $5 * interval '1 millisecond' \
+                 FROM (SELECT count(*) FROM expired) AS cleared"
+            ),
+        ),
+    ]
+    .into_iter()
+    .filter(|(name, _)| !prepared.contains(name))
+    .map(|(name, body)| format!("PREPARE {name} {body}"))
+    .collect::<Vec<_>>()
+    .join("; ")
+}
+
+/// Rolls back the transaction a failed prepare aborted, begins another, and
+/// reads which of the statements on `table` the session has.
+pub(crate) fn which_prepared(table: &str) -> String {
+    let names = statement_names(table)
+        .map(|name| format!("'{name}'"))
+        .join(", ");
     format!(
-        "PREPARE idem{GENERATION}_lock_{table} (bigint, text) AS \
-           SELECT pg_try_advisory_xact_lock($1), set_config('lock_timeout', $2, true); \
-         PREPARE idem{GENERATION}_read_{table} (bytea) AS \
-           SELECT state::text, owner, fingerprint, outcome, \
-             (EXTRACT(EPOCH FROM (expires_at - now())) * 1000)::int8 \
-           FROM {table} WHERE key_hash = $1; \
-         PREPARE idem{GENERATION}_insert_{table} (bytea, bytea, bytea, bytea, bigint) AS \
-           WITH expired AS ( \
-             DELETE FROM {table} WHERE key_hash = $1 AND expires_at <= now() RETURNING 1 \
-           ) \
-           INSERT INTO {table} \
-             (key_hash, idem_key, state, owner, fingerprint, outcome, expires_at) \
-           SELECT $1, convert_from($2, 'UTF8'), 'C', NULL, $3, $4, \
-             now() + $5 * interval '1 millisecond' \
-           FROM (SELECT count(*) FROM expired) AS cleared"
+        "ROLLBACK; BEGIN; SELECT name::text FROM pg_prepared_statements WHERE name IN ({names})"
     )
+}
+
+/// [`prepare_and_claim`] preparing only the statements not in `prepared`,
+/// in the transaction [`which_prepared`] began.
+pub(crate) fn prepare_missing_and_claim(
+    table: &str,
+    prepared: &[String],
+    lock_id: i64,
+    key_hash: &[u8; 32],
+    timeout_ms: u128,
+) -> String {
+    let missing = prepare_missing(table, prepared);
+    let claim = claim(table, lock_id, key_hash, timeout_ms);
+    if missing.is_empty() {
+        claim
+    } else {
+        format!("{missing}; {claim}")
+    }
 }
 
 /// The start of a transactional claim, in the transaction just begun: the
