@@ -61,7 +61,14 @@ impl Dialect for MySql {
     const FOR_UPDATE: &'static str = " FOR UPDATE";
     const FOR_SHARE: &'static str = " LOCK IN SHARE MODE";
     const TIMESTAMP: &'static str = "DATETIME(6)";
-    const SHORT_TEXT: &'static str = "VARCHAR(255)";
+    // Bytes, not `VARCHAR(255)`: a character column compares by the
+    // server's default collation (MariaDB's `utf8mb4_general_ci`, MySQL 8's
+    // `utf8mb4_0900_ai_ci`), which takes ids differing only by case or an
+    // accent for one, and MariaDB's (PAD SPACE) ids differing by trailing
+    // spaces too. No byte-for-byte NO PAD collation is named alike on both
+    // (MariaDB's `utf8mb4_bin` pads); a binary string compares every byte
+    // on both.
+    const SHORT_TEXT: &'static str = "VARBINARY(255)";
     const HASH: &'static str = "VARBINARY(32)";
     const TABLE_OPTIONS: &'static str = " ENGINE = InnoDB";
 

@@ -43,6 +43,17 @@ pub trait GuardDb: Dialect + sealed::Sealed {
     #[doc(hidden)]
     const BLOB: &'static str;
 
+    /// The type of a column of UTF-8 text of any length (not MySQL's
+    /// `TEXT`, which holds 64 KiB: `INSERT IGNORE` would cut a longer
+    /// value short with a warning alone).
+    #[doc(hidden)]
+    const LONG_TEXT: &'static str;
+
+    /// `column`, a [`Dialect::SHORT_TEXT`] column, as a value sqlx reads
+    /// as text (MySQL's binary string is read as bytes alone).
+    #[doc(hidden)]
+    fn short_text(column: &str) -> String;
+
     /// A 64-bit integer primary key column the database numbers itself, in
     /// insertion order.
     #[doc(hidden)]

@@ -10,10 +10,20 @@ impl sealed::Sealed for MySql {}
 
 impl GuardDb for MySql {
     const BLOB: &'static str = "LONGBLOB";
+    // Up to 4 GiB, past what a statement can carry (`max_allowed_packet`,
+    // at most 1 GiB: a longer one fails, it is not cut short); UTF-8 whatever
+    // the database's default character set, which could turn characters
+    // into '?' with a warning alone under `INSERT IGNORE`.
+    const LONG_TEXT: &'static str = "LONGTEXT CHARACTER SET utf8mb4";
     const SERIAL_KEY: &'static str = "BIGINT AUTO_INCREMENT PRIMARY KEY";
     const NEXT_TRANSACTION_READ_COMMITTED: Option<&'static str> =
         Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED");
     const SKIP_LOCKED: Option<&'static str> = Some(" FOR UPDATE SKIP LOCKED");
+
+    // `SHORT_TEXT` is `VARBINARY`, which sqlx reads as bytes alone.
+    fn short_text(column: &str) -> String {
+        format!("CONVERT({column} USING utf8mb4)")
+    }
 
     guard_statements!(MySqlConnection);
 

@@ -10,9 +10,14 @@ impl sealed::Sealed for Postgres {}
 
 impl GuardDb for Postgres {
     const BLOB: &'static str = "BYTEA";
+    const LONG_TEXT: &'static str = "TEXT";
     const SERIAL_KEY: &'static str = "BIGSERIAL PRIMARY KEY";
     const NEXT_TRANSACTION_READ_COMMITTED: Option<&'static str> = None;
     const SKIP_LOCKED: Option<&'static str> = Some(" FOR UPDATE SKIP LOCKED");
+
+    fn short_text(column: &str) -> String {
+        column.to_owned()
+    }
 
     guard_statements!(PgConnection);
 

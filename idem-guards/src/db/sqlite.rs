@@ -10,9 +10,14 @@ impl sealed::Sealed for Sqlite {}
 
 impl GuardDb for Sqlite {
     const BLOB: &'static str = "BLOB";
+    const LONG_TEXT: &'static str = "TEXT";
     const SERIAL_KEY: &'static str = "INTEGER PRIMARY KEY AUTOINCREMENT";
     const NEXT_TRANSACTION_READ_COMMITTED: Option<&'static str> = None;
     const SKIP_LOCKED: Option<&'static str> = None;
+
+    fn short_text(column: &str) -> String {
+        column.to_owned()
+    }
 
     guard_statements!(SqliteConnection);
 

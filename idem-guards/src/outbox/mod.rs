@@ -134,7 +134,7 @@ impl<DB: GuardDb> Outbox<DB> {
              topic {text} NOT NULL, \
              event_key {text} NOT NULL, \
              payload {blob} NOT NULL, \
-             headers TEXT NOT NULL, \
+             headers {long_text} NOT NULL, \
              created_at {ts} NOT NULL, \
              attempts BIGINT NOT NULL, \
              next_attempt_at {ts} NOT NULL, \
@@ -147,6 +147,7 @@ impl<DB: GuardDb> Outbox<DB> {
             serial = DB::SERIAL_KEY,
             text = DB::SHORT_TEXT,
             blob = DB::BLOB,
+            long_text = DB::LONG_TEXT,
             ts = DB::TIMESTAMP,
         );
         let pool = &self.inner.pool;
@@ -173,6 +174,10 @@ impl<DB: GuardDb> Outbox<DB> {
         event: &Event,
     ) -> Result<Enqueued, Error> {
         let mut p = Params::<DB>::new();
+        // Every value fits its column (ids, topic and key are length-checked
+        // by `Event`; payload and headers have columns of any length), so
+        // MySQL's INSERT IGNORE can only skip a duplicate event id here, not
+        // cut a value short.
         let insert = DB::insert_or_skip(
             &format!(
                 "{} (event_id, topic, event_key, payload, headers, created_at, attempts, \

@@ -100,8 +100,11 @@ impl<DB: GuardDb> Outbox<DB> {
 
         let mut p = Params::<DB>::new();
         let read = format!(
-            "SELECT seq, event_id, topic, event_key, payload, headers, attempts \
+            "SELECT seq, {}, {}, {}, payload, headers, attempts \
              FROM {t} WHERE locked_by = {} AND sent_at IS NULL ORDER BY seq",
+            DB::short_text("event_id"),
+            DB::short_text("topic"),
+            DB::short_text("event_key"),
             p.next()
         );
         let rows = DB::fetch_events(&mut tx, read, &[Value::Text(&token)])

@@ -88,7 +88,14 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
     /// The type of a timestamp column: what [`Dialect::NOW`] is.
     const TIMESTAMP: &'static str;
 
-    /// The type of a short text key column (at most 255 bytes).
+    /// The type of a short text key column (at most 255 bytes), compared
+    /// byte for byte as PostgreSQL and SQLite do by default: ids that
+    /// differ only by case, an accent or a trailing space are different
+    /// ids. On MySQL and MariaDB that is a binary string, `VARBINARY(255)`
+    /// (a character column would compare by a collation that ignores
+    /// them): bind UTF-8 text to it as usual, but read it back as text
+    /// with `CONVERT(column USING utf8mb4)`, as sqlx decodes a binary
+    /// column as bytes only.
     const SHORT_TEXT: &'static str;
 
     /// The type of a 32-byte hash column.
