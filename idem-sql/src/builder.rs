@@ -6,6 +6,10 @@ use std::time::Duration;
 use super::{DEFAULT_LOCK_TIMEOUT, DEFAULT_TABLE, Dialect, SqlStore, validate_identifier};
 use idem_core::Error;
 
+/// The longest lock timeout: 24 days, under PostgreSQL's largest
+/// `lock_timeout` (2^31 - 1 ms, about 24.8 days).
+const MAX_LOCK_TIMEOUT: Duration = Duration::from_secs(24 * 24 * 60 * 60);
+
 /// Configures a [`SqlStore`]; made by [`SqlStore::builder`].
 #[must_use]
 pub struct SqlStoreBuilder<DB: Dialect> {
@@ -50,8 +54,15 @@ impl<DB: Dialect> SqlStoreBuilder<DB> {
     /// transactional claim waits for its turn to write among this process's
     /// claims (then "in flight"); claims of other processes wait for the
     /// pool's `busy_timeout`.
+    ///
+    /// Taken as at least 1 ms (PostgreSQL reads 0 as "wait for ever") and
+    /// at most 24 days (PostgreSQL's largest, which refuses more). On MySQL
+    /// and MariaDB it is whole seconds, at least 1, and it is the session's
+    /// `innodb_lock_wait_timeout`: it stays on the pooled connection, so
+    /// the application's own statements on a connection the store has used
+    /// wait this long for row locks, not the server's default (50 s).
     pub fn lock_timeout(mut self, timeout: Duration) -> Self {
-        self.lock_timeout = timeout;
+        self.lock_timeout = timeout.clamp(Duration::from_millis(1), MAX_LOCK_TIMEOUT);
         self
     }
 

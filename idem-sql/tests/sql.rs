@@ -404,6 +404,71 @@ async fn mysql_plain_claim_that_waited_holds_a_whole_lease() {
     }
 }
 
+/// Lock timeouts outside what PostgreSQL takes are brought within it: 30
+/// days (over its largest, about 24.8) made every transactional claim fail
+/// (`set_config` refused it), and zero meant waiting for ever on a row
+/// lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_lock_timeouts_out_of_range_are_brought_within_it() {
+    use idem_core::{Fingerprint, IdempotencyKey, OwnerToken, TransactionalStore, TxClaim};
+    use idem_sql::sqlx::{self, Postgres};
+
+    let Some(shared) = postgres().await else {
+        return;
+    };
+    let pool = shared.pool().clone();
+    sqlx::query("CREATE TABLE IF NOT EXISTS idem_test_pg_locked (k TEXT PRIMARY KEY)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let row = format!("locked-{:016x}", rand_u64());
+    sqlx::query("INSERT INTO idem_test_pg_locked (k) VALUES ($1)")
+        .bind(&row)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("SELECT k FROM idem_test_pg_locked WHERE k = $1 FOR UPDATE")
+        .bind(&row)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let fp = Fingerprint::from_bytes([8; 32]);
+    for timeout in [Duration::from_secs(30 * 86_400), Duration::ZERO] {
+        let store = PgStore::builder(pool.clone())
+            .lock_timeout(timeout)
+            .build()
+            .unwrap();
+        let key = IdempotencyKey::new("idem-test:", &format!("{row}:{}", timeout.as_secs()));
+        let claimed = store
+            .claim_in_transaction(&key, &fp, Duration::from_secs(30), OwnerToken::generate())
+            .await
+            .unwrap_or_else(|err| panic!("{timeout:?}: {err}"));
+        let TxClaim::Open(tx) = claimed else {
+            panic!("a fresh key is acquired");
+        };
+        if !timeout.is_zero() {
+            tx.rollback().await.unwrap();
+            continue;
+        }
+        let handle = tx.handle();
+        let waited = tokio::time::timeout(Duration::from_secs(10), async {
+            let mut guard = handle.get::<TxSlot<Postgres>>().unwrap().lock().await;
+            sqlx::query("UPDATE idem_test_pg_locked SET k = k WHERE k = $1")
+                .bind(&row)
+                .execute(&mut **guard.as_mut().unwrap())
+                .await
+        })
+        .await;
+        let err = waited
+            .expect("a zero lock timeout does not wait for ever")
+            .expect_err("the row is locked elsewhere");
+        assert!(err.to_string().contains("lock timeout"), "{err}");
+        tx.rollback().await.unwrap();
+    }
+    holder.rollback().await.unwrap();
+}
+
 /// A prepare that failed partway (here the table was not migrated yet:
 /// the lock's statement was prepared, the read's refused) leaves its first
 /// statements on the connection, outliving the rollback. The next claim
