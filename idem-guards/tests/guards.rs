@@ -570,6 +570,53 @@ async fn handle<DB: GuardDb + TestSql>(
         .await
 }
 
+/// Business ids that differ only by case, by a trailing space or by an
+/// accent are different events: each runs its effect. So are message ids,
+/// and consumer names. (MySQL's default collations took them for one: the
+/// inbox skipped a new event as a duplicate, its effect never applied.)
+async fn ids_differing_only_by_case_space_or_accent_each_run_their_effect<DB: GuardDb + TestSql>(
+    pool: Pool<DB>,
+) {
+    let (inbox, log, effects) = inbox(&pool).await;
+    let e = effects.name.as_str();
+    let done = |processed: Result<Processed<()>, _>| {
+        assert_eq!(
+            processed.expect("the handler succeeds"),
+            Processed::Done(())
+        );
+    };
+    for (n, id) in ["T-A", "T-a", "T-a ", "T-\u{e1}"].iter().enumerate() {
+        done(handle(&inbox, e, &format!("m-{n}"), id, false).await);
+    }
+    assert_eq!(
+        effects.count("1 = 1").await,
+        4,
+        "one effect per business id"
+    );
+    // Message ids the same way (each with a business id of its own).
+    for (id, business) in [("m-X", "U-1"), ("m-x", "U-2"), ("m-x ", "U-3")] {
+        done(handle(&inbox, e, id, business, false).await);
+    }
+    assert_eq!(effects.count("1 = 1").await, 7);
+    // The very same ids are still duplicates.
+    for (id, business) in [("m-1", "T-a"), ("m-other", "T-a ")] {
+        let again = handle(&inbox, e, id, business, false).await;
+        assert!(matches!(again, Ok(Processed::Skipped(_))), "{again:?}");
+    }
+    assert_eq!(effects.count("1 = 1").await, 7, "duplicates ran nothing");
+    // A consumer whose name differs only by case keeps its own log.
+    let other = Inbox::with_table(pool.clone(), &log.name, "Ledger").unwrap();
+    assert_eq!(
+        other
+            .record(&mut *pool.acquire().await.unwrap(), "m-0", "T-A")
+            .await
+            .unwrap(),
+        Delivery::First
+    );
+    effects.drop_table().await;
+    log.drop_table().await;
+}
+
 async fn duplicates_by_message_or_business_id_are_skipped<DB: GuardDb + TestSql>(pool: Pool<DB>) {
     let (inbox, log, effects) = inbox(&pool).await;
     let e = effects.name.as_str();
@@ -710,6 +757,7 @@ sql_cases!(
     twenty_concurrent_submits_with_one_token_pass_once,
     token_is_bound_to_its_subject_and_restorable,
     duplicates_by_message_or_business_id_are_skipped,
+    ids_differing_only_by_case_space_or_accent_each_run_their_effect,
     handler_error_rolls_back_and_the_redelivery_runs_once,
     concurrent_deliveries_process_each_event_once,
 );

@@ -28,8 +28,8 @@ use support::{mysql, nonce, postgres, sqlite};
 /// What the broker was handed.
 #[derive(Default)]
 struct Broker {
-    /// Published events: (key, seq, id), in the order they were stored.
-    stored: Mutex<Vec<(String, i64, String)>>,
+    /// Published events, in the order they were stored.
+    stored: Mutex<Vec<PendingEvent>>,
     /// Keys with a publish under way.
     in_flight: Mutex<HashSet<String>>,
     /// Publishes of one key that overlapped another of the same key.
@@ -53,7 +53,22 @@ impl Broker {
         })
     }
 
+    /// Published events as (key, seq, id), in the order they were stored.
     fn stored(&self) -> Vec<(String, i64, String)> {
+        self.events()
+            .iter()
+            .map(|p| {
+                (
+                    p.event().key().to_owned(),
+                    p.seq(),
+                    p.event().id().to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    /// Published events whole, in the order they were stored.
+    fn events(&self) -> Vec<PendingEvent> {
         self.stored.lock().unwrap().clone()
     }
 }
@@ -81,11 +96,7 @@ impl Publisher for To {
             let failed = attempt <= broker.fail_first
                 || (broker.fail_every > 0 && attempt % broker.fail_every == 0);
             if !failed {
-                broker.stored.lock().unwrap().push((
-                    key.clone(),
-                    pending.seq(),
-                    pending.event().id().to_owned(),
-                ));
+                broker.stored.lock().unwrap().push(pending.clone());
             }
             broker.in_flight.lock().unwrap().remove(&key);
             if failed {
@@ -119,11 +130,16 @@ async fn drop_tables<DB: GuardDb + TestSql>(outbox: Outbox<DB>) {
 }
 
 /// Enqueues `event` in a transaction of its own and commits it.
-async fn enqueue_committed<DB: GuardDb + TestSql>(outbox: &Outbox<DB>, event: &Event) {
+async fn enqueue<DB: GuardDb + TestSql>(outbox: &Outbox<DB>, event: &Event) -> Enqueued {
     let mut tx = outbox.pool().begin().await.unwrap();
     let enqueued = outbox.enqueue(&mut tx, event).await.unwrap();
-    assert_eq!(enqueued, Enqueued::New);
     tx.commit().await.unwrap();
+    enqueued
+}
+
+/// [`enqueue`], of an event new to the outbox.
+async fn enqueue_committed<DB: GuardDb + TestSql>(outbox: &Outbox<DB>, event: &Event) {
+    assert_eq!(enqueue(outbox, event).await, Enqueued::New);
 }
 
 fn event(key: &str, n: usize) -> Event {
@@ -438,7 +454,77 @@ async fn the_relay_counts_published_and_retried_events_and_sets_the_lag() {
     drop_tables(outbox).await;
 }
 
+/// Event ids that differ only by case (or a trailing space) are different
+/// events: each is enqueued and published, under its own id. (MySQL's
+/// default collations took them for one: the outbox dropped a new event as
+/// already queued.)
+async fn event_ids_differing_only_by_case_are_each_enqueued<DB: GuardDb + TestSql>(pool: Pool<DB>) {
+    let outbox = outbox(&pool).await;
+    let with_id = |id: &str| {
+        Event::new("orders.created", "k", "{}")
+            .unwrap()
+            .with_id(id)
+            .unwrap()
+    };
+    let ids = ["x:aB", "x:Ab", "x:ab", "x:ab "];
+    for id in ids {
+        assert_eq!(
+            enqueue(&outbox, &with_id(id)).await,
+            Enqueued::New,
+            "{id:?}"
+        );
+    }
+    assert_eq!(
+        enqueue(&outbox, &with_id("x:Ab")).await,
+        Enqueued::AlreadyQueued
+    );
+    assert_eq!(outbox.unsent().await.unwrap(), 4);
+
+    let broker = Arc::new(Broker::default());
+    let pass = Relay::new(outbox.clone(), To(broker.clone()))
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!(pass.published, 4, "{pass:?}");
+    let published: Vec<_> = broker.stored().into_iter().map(|(.., id)| id).collect();
+    assert_eq!(published, ids);
+    drop_tables(outbox).await;
+}
+
+/// An event with a 70,000-byte header value and a 100 KiB payload comes
+/// back from the relay's claim as it was enqueued, and an event of another
+/// key in the same batch is published too. (MySQL's `TEXT` holds 64 KiB,
+/// and `INSERT IGNORE` cut the rest off silently: the row could never be
+/// read again.)
+async fn large_headers_and_payload_round_trip<DB: GuardDb + TestSql>(pool: Pool<DB>) {
+    let outbox = outbox(&pool).await;
+    let value: String = (0..70_000)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    let payload: Vec<u8> = (0..100 * 1024).map(|i| (i % 251) as u8).collect();
+    let big = Event::new("orders.created", "big", payload)
+        .unwrap()
+        .header("x-large", value)
+        .expect("a valid header");
+    enqueue_committed(&outbox, &big).await;
+    let small = Event::new("orders.created", "small", "{}").unwrap();
+    enqueue_committed(&outbox, &small).await;
+
+    let broker = Arc::new(Broker::default());
+    let pass = Relay::new(outbox.clone(), To(broker.clone()))
+        .run_once()
+        .await
+        .expect("the claim reads both events");
+    assert_eq!((pass.claimed, pass.published), (2, 2), "{pass:?}");
+    let published: Vec<Event> = broker.events().iter().map(|p| p.event().clone()).collect();
+    assert_eq!(published, [big, small], "both, whole");
+    assert_eq!(outbox.unsent().await.unwrap(), 0);
+    drop_tables(outbox).await;
+}
+
 sql_cases!(
+    event_ids_differing_only_by_case_are_each_enqueued,
+    large_headers_and_payload_round_trip,
     only_committed_events_are_published,
     a_failed_publish_is_retried_and_holds_back_only_its_key,
     racing_relays_publish_each_key_in_order_one_at_a_time,
