@@ -76,4 +76,4 @@ pub use response::StoredResponse;
 pub use store::{
     BoxFuture, DynStore, IdempotencyStore, OpenTransaction, TransactionalStore, TxClaim, TxHandle,
 };
-pub use time::{LONGEST_EXPIRY, expiry_millis};
+pub use time::{LONGEST_EXPIRY, expiry_after, expiry_millis};

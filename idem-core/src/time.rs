@@ -29,10 +29,20 @@ pub fn expiry_millis(d: Duration) -> i64 {
         .max(1)
 }
 
-/// When a lease or a ttl of `d` that starts `now` ends, `d` taken as at
-/// most [`LONGEST_EXPIRY`].
-#[cfg(feature = "memory")]
-pub(crate) fn expiry_after(now: std::time::Instant, d: Duration) -> std::time::Instant {
+/// `now + d`, `d` taken as at most [`LONGEST_EXPIRY`]: when a lease, a
+/// ttl, a wait or a deadline of `d` that starts `now` ends, on any clock
+/// (`std`'s `Instant` or tokio's), without the overflow (a panic) of a
+/// duration meant as forever.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use idem_core::{LONGEST_EXPIRY, expiry_after};
+///
+/// let now = Instant::now();
+/// assert_eq!(expiry_after(now, Duration::from_secs(1)), now + Duration::from_secs(1));
+/// assert_eq!(expiry_after(now, Duration::MAX), now + LONGEST_EXPIRY);
+/// ```
+pub fn expiry_after<I: std::ops::Add<Duration, Output = I>>(now: I, d: Duration) -> I {
     now + d.min(LONGEST_EXPIRY)
 }
 
@@ -52,7 +62,6 @@ mod tests {
     }
 
     #[test]
-    #[cfg(feature = "memory")]
     fn an_instant_a_forever_away_does_not_overflow() {
         let now = std::time::Instant::now();
         assert_eq!(expiry_after(now, Duration::MAX), now + LONGEST_EXPIRY);

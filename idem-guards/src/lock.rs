@@ -9,7 +9,7 @@ use ::redis::Script;
 use ::redis::aio::ConnectionLike;
 
 use idem_core::Error;
-use idem_core::expiry_millis;
+use idem_core::{expiry_after, expiry_millis};
 
 /// Compare-and-delete: deletes KEYS[1] only if it still holds ARGV[1].
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
@@ -128,7 +128,7 @@ where
                 key: self.key.clone(),
                 owner,
                 lease: self.lease,
-                held_until: Mutex::new(lease_end(sent, self.lease)),
+                held_until: Mutex::new(expiry_after(sent, self.lease)),
             }),
         }))
     }
@@ -136,8 +136,7 @@ where
     /// Takes the lock, polling (with a growing pause, at most 200 ms) for up
     /// to `wait`; `None` if it stayed taken.
     pub async fn acquire(&self, wait: Duration) -> Result<Option<LockGuard<C>>, Error> {
-        // A wait meant as forever (`Duration::MAX`) is a century.
-        let deadline = tokio::time::Instant::now() + wait.min(idem_core::LONGEST_EXPIRY);
+        let deadline = expiry_after(tokio::time::Instant::now(), wait);
         let mut pause = Duration::from_millis(10);
         loop {
             if let Some(guard) = self.try_acquire().await? {
@@ -167,12 +166,6 @@ struct GuardInner<C> {
     /// When the lease ends at the latest, from the sending of the last
     /// command that set it (the acquisition or a renewal Redis confirmed).
     held_until: Mutex<Instant>,
-}
-
-/// The end of a lease of `lease` set by a command sent at `sent`; a
-/// century for a lease meant as forever.
-fn lease_end(sent: Instant, lease: Duration) -> Instant {
-    sent + lease.min(idem_core::LONGEST_EXPIRY)
 }
 
 impl<C> std::fmt::Debug for LockGuard<C> {
@@ -206,7 +199,7 @@ impl<C: ConnectionLike + Clone> GuardInner<C> {
                 .held_until
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            *held_until = (*held_until).max(lease_end(sent, self.lease));
+            *held_until = (*held_until).max(expiry_after(sent, self.lease));
         }
         Ok(renewed == 1)
     }

@@ -20,10 +20,9 @@ pub(super) struct Schedule {
 impl Schedule {
     /// Starts the clock of the total deadline.
     pub(super) fn start(policy: Arc<RetryPolicy>) -> Self {
-        // A deadline meant as forever (`Duration::MAX`) is a century.
         let deadline = policy
             .deadline
-            .map(|d| Instant::now() + d.min(idem_core::LONGEST_EXPIRY));
+            .map(|d| idem_core::expiry_after(Instant::now(), d));
         Self {
             policy,
             deadline,

@@ -7,7 +7,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use idem_core::{Duplicate, LONGEST_EXPIRY, Outcome, OwnerToken};
+use idem_core::{Duplicate, Outcome, OwnerToken, expiry_after};
 use idem_core::{DynStore, OpenTransaction, TransactionalStore, TxClaim};
 
 use super::answer::Answer;
@@ -195,8 +195,7 @@ impl Patience {
     fn new(in_flight: InFlightPolicy) -> Self {
         let deadline = match in_flight {
             InFlightPolicy::Reject => None,
-            // A wait meant as forever (`Duration::MAX`) is a century.
-            InFlightPolicy::Wait(wait) => Some(Instant::now() + wait.min(LONGEST_EXPIRY)),
+            InFlightPolicy::Wait(wait) => Some(expiry_after(Instant::now(), wait)),
         };
         Self {
             deadline,
