@@ -277,6 +277,21 @@ async fn a_completion_sql_took_unheard_leaves_the_gate_to_sql() {
     );
 }
 
+/// A redis-server of the test's own (so that pausing it hangs no other
+/// test) as the gate, with this gate timeout and breaker, in front of the
+/// shared PostgreSQL.
+async fn private_gate(
+    gate_timeout: Duration,
+    (threshold, pause): (u32, Duration),
+) -> Option<(support::redis_servers::RedisServer, Tiered)> {
+    let server = support::redis_servers::RedisServer::start(&[])?;
+    let store = TieredStore::builder(gate(&server.url()).await?, truth().await?)
+        .gate_timeout(gate_timeout)
+        .breaker(threshold, pause)
+        .build();
+    Some((server, store))
+}
+
 /// A claim whose gate command timed out may still land on the gate (here
 /// Redis hangs with the `SET NX` in its socket and runs it when it wakes).
 /// When SQL does not give that claim the key (another request holds it),
@@ -284,17 +299,11 @@ async fn a_completion_sql_took_unheard_leaves_the_gate_to_sql() {
 /// answer "in flight" to every duplicate for a lease, in place of SQL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_claim_that_timed_out_on_the_gate_takes_its_record_back() {
-    let Some(server) = support::redis_servers::RedisServer::start(&[]) else {
+    let Some((server, store)) =
+        private_gate(Duration::from_millis(50), (100, Duration::from_secs(1))).await
+    else {
         return;
     };
-    let Some(gate) = gate(&server.url()).await else {
-        return;
-    };
-    let Some(truth) = truth().await else { return };
-    let store = TieredStore::builder(gate, truth)
-        .gate_timeout(Duration::from_millis(50))
-        .breaker(100, Duration::from_secs(1))
-        .build();
     // The release script loaded: a hung server cannot answer NOSCRIPT in
     // time for the script to be loaded and sent again.
     let warm = key("timed-out-claim-warm");
@@ -335,17 +344,11 @@ async fn a_claim_that_timed_out_on_the_gate_takes_its_record_back() {
 /// "running" for good, and the gate skipped until a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_probe_dropped_mid_flight_lets_the_next_request_probe() {
-    let Some(server) = support::redis_servers::RedisServer::start(&[]) else {
+    let Some((server, store)) =
+        private_gate(Duration::from_secs(1), (1, Duration::from_millis(200))).await
+    else {
         return;
     };
-    let Some(gate) = gate(&server.url()).await else {
-        return;
-    };
-    let Some(truth) = truth().await else { return };
-    let store = TieredStore::builder(gate, truth)
-        .gate_timeout(Duration::from_secs(1))
-        .breaker(1, Duration::from_millis(200))
-        .build();
     let warm = key("dropped-probe-warm");
     first_then_complete(&store, &warm).await;
 

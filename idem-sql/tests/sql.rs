@@ -434,38 +434,48 @@ async fn postgres_lock_timeouts_out_of_range_are_brought_within_it() {
         .await
         .unwrap();
     let fp = Fingerprint::from_bytes([8; 32]);
-    for timeout in [Duration::from_secs(30 * 86_400), Duration::ZERO] {
-        let store = PgStore::builder(pool.clone())
-            .lock_timeout(timeout)
-            .build()
-            .unwrap();
-        let key = IdempotencyKey::new("idem-test:", &format!("{row}:{}", timeout.as_secs()));
-        let claimed = store
-            .claim_in_transaction(&key, &fp, Duration::from_secs(30), OwnerToken::generate())
-            .await
-            .unwrap_or_else(|err| panic!("{timeout:?}: {err}"));
-        let TxClaim::Open(tx) = claimed else {
-            panic!("a fresh key is acquired");
-        };
-        if !timeout.is_zero() {
-            tx.rollback().await.unwrap();
-            continue;
-        }
-        let handle = tx.handle();
-        let waited = tokio::time::timeout(Duration::from_secs(10), async {
-            let mut guard = handle.get::<TxSlot<Postgres>>().unwrap().lock().await;
-            sqlx::query("UPDATE idem_test_pg_locked SET k = k WHERE k = $1")
-                .bind(&row)
-                .execute(&mut **guard.as_mut().unwrap())
+    let open = |timeout: Duration| {
+        let (pool, row) = (pool.clone(), row.clone());
+        async move {
+            let store = PgStore::builder(pool)
+                .lock_timeout(timeout)
+                .build()
+                .unwrap();
+            let key = IdempotencyKey::new("idem-test:", &format!("{row}:{}", timeout.as_secs()));
+            match store
+                .claim_in_transaction(&key, &fp, Duration::from_secs(30), OwnerToken::generate())
                 .await
-        })
-        .await;
-        let err = waited
-            .expect("a zero lock timeout does not wait for ever")
-            .expect_err("the row is locked elsewhere");
-        assert!(err.to_string().contains("lock timeout"), "{err}");
-        tx.rollback().await.unwrap();
-    }
+                .unwrap_or_else(|err| panic!("{timeout:?}: {err}"))
+            {
+                TxClaim::Open(tx) => tx,
+                TxClaim::Duplicate(duplicate) => panic!("a fresh key: {duplicate:?}"),
+            }
+        }
+    };
+
+    // Thirty days: the claim's transaction opens.
+    open(Duration::from_secs(30 * 86_400))
+        .await
+        .rollback()
+        .await
+        .unwrap();
+
+    // Zero: the handler's statement on a row locked elsewhere times out.
+    let tx = open(Duration::ZERO).await;
+    let handle = tx.handle();
+    let waited = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut guard = handle.get::<TxSlot<Postgres>>().unwrap().lock().await;
+        sqlx::query("UPDATE idem_test_pg_locked SET k = k WHERE k = $1")
+            .bind(&row)
+            .execute(&mut **guard.as_mut().unwrap())
+            .await
+    })
+    .await;
+    let err = waited
+        .expect("a zero lock timeout does not wait for ever")
+        .expect_err("the row is locked elsewhere");
+    assert!(err.to_string().contains("lock timeout"), "{err}");
+    tx.rollback().await.unwrap();
     holder.rollback().await.unwrap();
 }
 

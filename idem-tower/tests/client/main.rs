@@ -174,42 +174,27 @@ where
     )
 }
 
+/// Also with a deadline meant as forever (`Duration::MAX`): no deadline to
+/// speak of, never an overflow.
 #[tokio::test]
 async fn a_503_then_success_is_one_effect_in_two_attempts() {
-    let server = Server::default();
-    server.fail_first.store(1, Ordering::SeqCst);
-    let addr = server.start().await;
+    for policy in [quick(), quick().deadline(Duration::MAX)] {
+        let server = Server::default();
+        server.fail_first.store(1, Ordering::SeqCst);
+        let addr = server.start().await;
 
-    let response = client(quick())
-        .oneshot(order(addr, None, r#"{"sku":"A-1"}"#))
-        .await
-        .expect("an answer");
-    let (status, delivery, _) = read(response).await;
+        let response = client(policy)
+            .oneshot(order(addr, None, r#"{"sku":"A-1"}"#))
+            .await
+            .expect("an answer");
+        let (status, delivery, _) = read(response).await;
 
-    assert_eq!(status, StatusCode::CREATED);
-    assert_eq!(delivery.attempts, 2);
-    assert!(!delivery.replayed);
-    assert_eq!(delivery.origin, KeyOrigin::Generated);
-    assert_eq!(server.runs(), 1);
-}
-
-/// A deadline meant as forever (`Duration::MAX`) is no deadline to speak
-/// of, never an overflow: the retry after the 503 goes out.
-#[tokio::test]
-async fn a_deadline_meant_as_forever_retries() {
-    let server = Server::default();
-    server.fail_first.store(1, Ordering::SeqCst);
-    let addr = server.start().await;
-
-    let response = client(quick().deadline(Duration::MAX))
-        .oneshot(order(addr, None, r#"{"sku":"A-1"}"#))
-        .await
-        .expect("an answer");
-    let (status, delivery, _) = read(response).await;
-
-    assert_eq!(status, StatusCode::CREATED);
-    assert_eq!(delivery.attempts, 2);
-    assert_eq!(server.runs(), 1);
+        assert_eq!(status, StatusCode::CREATED);
+        assert_eq!(delivery.attempts, 2);
+        assert!(!delivery.replayed);
+        assert_eq!(delivery.origin, KeyOrigin::Generated);
+        assert_eq!(server.runs(), 1);
+    }
 }
 
 #[tokio::test]
