@@ -250,6 +250,23 @@ where
         let _ = self.on_gate(self.inner.gate.release(key, owner)).await;
     }
 
+    /// After SQL turned our claim away (`Some`, its answer) or failed
+    /// (`None`): the gate brought in line with SQL ([`reconcile`](Self::reconcile))
+    /// if it held our claim, or our claim taken back if it may hold it.
+    async fn after_truth_refused(
+        &self,
+        gate: &GateStep,
+        key: &IdempotencyKey,
+        owner: &OwnerToken,
+        truth: Option<&Duplicate>,
+    ) {
+        match (gate, truth) {
+            (GateStep::Held, Some(duplicate)) => self.reconcile(key, owner, duplicate).await,
+            (GateStep::Held | GateStep::Unknown, _) => self.take_back(key, owner).await,
+            (GateStep::Skipped | GateStep::Answered(_), _) => {}
+        }
+    }
+
     /// After SQL answered a claim the gate had let through: bring the gate
     /// in line with the truth, and count the catch if Redis had lost the
     /// key.
@@ -320,18 +337,13 @@ where
             Ok(claim) => match claim.acquired() {
                 Ok(owner) => Ok(Claim::Acquired(owner)),
                 Err(duplicate) => {
-                    match gate {
-                        GateStep::Held => self.reconcile(key, &owner, &duplicate).await,
-                        GateStep::Unknown => self.take_back(key, &owner).await,
-                        GateStep::Skipped | GateStep::Answered(_) => {}
-                    }
+                    self.after_truth_refused(&gate, key, &owner, Some(&duplicate))
+                        .await;
                     Ok(duplicate.into())
                 }
             },
             Err(err) => {
-                if matches!(gate, GateStep::Held | GateStep::Unknown) {
-                    self.take_back(key, &owner).await;
-                }
+                self.after_truth_refused(&gate, key, &owner, None).await;
                 Err(err)
             }
         }

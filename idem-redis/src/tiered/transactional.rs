@@ -54,17 +54,12 @@ where
                     owner,
                 }))),
                 Ok(TxClaim::Duplicate(duplicate)) => {
-                    match gate {
-                        GateStep::Held => self.reconcile(key, &owner, &duplicate).await,
-                        GateStep::Unknown => self.take_back(key, &owner).await,
-                        GateStep::Skipped | GateStep::Answered(_) => {}
-                    }
+                    self.after_truth_refused(&gate, key, &owner, Some(&duplicate))
+                        .await;
                     Ok(TxClaim::Duplicate(duplicate))
                 }
                 Err(err) => {
-                    if matches!(gate, GateStep::Held | GateStep::Unknown) {
-                        self.take_back(key, &owner).await;
-                    }
+                    self.after_truth_refused(&gate, key, &owner, None).await;
                     Err(err)
                 }
             }

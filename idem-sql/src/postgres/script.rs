@@ -48,6 +48,12 @@ pub(crate) const ALREADY_PREPARED: &str = "42P05";
 /// its own statements there, instead of the other's under the same name.
 const GENERATION: u32 = 1;
 
+/// The statements' names on `table`, as PostgreSQL keeps them (folded to
+/// lower case, as unquoted names are).
+pub(crate) fn statement_names(table: &str) -> [String; 3] {
+    ["lock", "read", "insert"].map(|what| format!("idem{GENERATION}_{what}_{table}").to_lowercase())
+}
+
 /// The statements the scripts execute, prepared on a connection the first
 /// time a claim finds them missing there (`NOT_PREPARED`): PostgreSQL then
 /// plans them once per connection, as it does sqlx's own, instead of once
@@ -61,20 +67,11 @@ const GENERATION: u32 = 1;
 /// stands in the unique index's way): one statement for what a claim that
 /// found no record, nearly every one, needs, and for what one that found
 /// an expired record needs.
-pub(crate) fn prepare(table: &str) -> String {
-    prepare_missing(table, &[])
-}
-
-/// The statements' names on `table`, as PostgreSQL keeps them (folded to
-/// lower case, as unquoted names are).
-pub(crate) fn statement_names(table: &str) -> [String; 3] {
-    ["lock", "read", "insert"].map(|what| format!("idem{GENERATION}_{what}_{table}").to_lowercase())
-}
-
-/// [`prepare`] for those of the statements not named in `prepared`: after a
-/// prepare that failed partway (a table not migrated yet, a missing
-/// privilege), the session keeps the statements prepared before the
-/// failure, and preparing them again is refused (`ALREADY_PREPARED`).
+///
+/// Those named in `prepared` are left out: after a prepare that failed
+/// partway (a table not migrated yet, a missing privilege), the session
+/// keeps the statements prepared before the failure, and preparing them
+/// again is refused (`ALREADY_PREPARED`).
 pub(crate) fn prepare_missing(table: &str, prepared: &[String]) -> String {
     let [lock, read, insert] = statement_names(table);
     [
@@ -170,9 +167,8 @@ pub(crate) fn prepare_and_claim(
     timeout_ms: u128,
 ) -> String {
     format!(
-        "ROLLBACK; BEGIN; {}; {}",
-        prepare(table),
-        claim(table, lock_id, key_hash, timeout_ms)
+        "ROLLBACK; BEGIN; {}",
+        prepare_missing_and_claim(table, &[], lock_id, key_hash, timeout_ms)
     )
 }
 
@@ -187,7 +183,7 @@ pub(crate) struct Completed<'a> {
 
 /// The end of a transactional claim whose start found no live record: the
 /// completed record inserted (and an expired one of the key deleted:
-/// [`prepare`]), COMMIT. A live record in the way (written past the lock,
+/// [`prepare_missing`]), COMMIT. A live record in the way (written past the lock,
 /// by a plain claim) makes the insert fail on the unique index, and the
 /// rest of the query is not run: nothing commits.
 ///
