@@ -177,6 +177,13 @@ pub use builder::SqlStoreBuilder;
 pub use dialect::Dialect;
 use dialect::{ClaimArgs, ClaimStep, Queries, Started};
 pub use dialect::{Value, bind_all};
+/// How idem-guards writes its PostgreSQL statements' values into their
+/// text (ARCHITECTURE.md, "Behind a pooler"); not for users.
+#[cfg(feature = "postgres")]
+#[doc(hidden)]
+pub mod __postgres {
+    pub use crate::postgres::inline;
+}
 /// idem-core, for the conformance macros' expansions.
 #[doc(hidden)]
 pub use idem_core as __core;

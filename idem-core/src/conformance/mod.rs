@@ -30,7 +30,7 @@ pub use records::{
     not_replayable_outcome_is_kept, only_the_owner_moves_the_record, release_then_reclaim,
 };
 pub use redis_server::{RedisServer, free_port, redis_cli_says, wait_until};
-pub use servers::{mysql_url, postgres_url, redis_url, server_missing, server_url};
+pub use servers::{mysql_url, pgbouncer_url, postgres_url, redis_url, server_missing, server_url};
 
 use crate::{
     Claim, Error, ErrorKind, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken,

@@ -30,6 +30,16 @@ pub fn postgres_url() -> String {
     )
 }
 
+/// PostgreSQL through PgBouncer in transaction pooling, as `.ci/services`
+/// starts it: `IDEM_TEST_PGBOUNCER_URL`, or
+/// `postgres://postgres@127.0.0.1:6432/test`.
+pub fn pgbouncer_url() -> String {
+    server_url(
+        "IDEM_TEST_PGBOUNCER_URL",
+        "postgres://postgres@127.0.0.1:6432/test",
+    )
+}
+
 /// The MySQL/MariaDB server of the tests: `IDEM_TEST_MYSQL_URL`, or
 /// `mysql://root@127.0.0.1:3306/test`.
 pub fn mysql_url() -> String {

@@ -25,7 +25,7 @@ impl GuardDb for MySql {
         format!("CONVERT({column} USING utf8mb4)")
     }
 
-    guard_statements!(MySqlConnection);
+    guard_statements!(MySqlConnection, bound);
 
     async fn delete_returning(conn: &mut MySqlConnection) -> Result<bool, sqlx::Error> {
         let version: String = sqlx::query_scalar("SELECT VERSION()")
@@ -59,6 +59,14 @@ fn mariadb_has_delete_returning(version: &str) -> bool {
         (Some(major), Some(minor)) => (major, minor) >= (10, 5),
         _ => false,
     }
+}
+
+/// `sql` with `args` bound to its parameters.
+fn bound<'q>(
+    sql: String,
+    args: &[Value<'q>],
+) -> Result<sqlx::query::Query<'q, MySql, <MySql as sqlx::Database>::Arguments>, sqlx::Error> {
+    Ok(bind_all(sqlx::query(AssertSqlSafe(sql)), args))
 }
 
 #[cfg(test)]

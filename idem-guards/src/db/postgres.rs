@@ -1,8 +1,9 @@
 //! The guards on PostgreSQL.
 
+use idem_sql::__postgres::inline;
+use idem_sql::Value;
 use idem_sql::sqlx::postgres::PgConnection;
 use idem_sql::sqlx::{self, AssertSqlSafe, Postgres};
-use idem_sql::{Value, bind_all};
 
 use super::{EventRow, GuardDb, event_row, guard_statements, int_columns, sealed};
 
@@ -19,7 +20,7 @@ impl GuardDb for Postgres {
         column.to_owned()
     }
 
-    guard_statements!(PgConnection);
+    guard_statements!(PgConnection, simple);
 
     async fn delete_returning(_: &mut PgConnection) -> Result<bool, sqlx::Error> {
         Ok(true)
@@ -34,10 +35,20 @@ impl GuardDb for Postgres {
         // process at a time, by an advisory lock held until commit.
         let mut tx = pool.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+            .persistent(false)
             .bind(format!("idem-guards:{table}"))
             .execute(&mut *tx)
             .await?;
         sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut *tx).await?;
         tx.commit().await
     }
+}
+
+/// `sql` with `args` written into its text, as one simple query: the
+/// guards' statements run in the caller's transaction or on their own, and
+/// through a pooler in transaction pooling sqlx's prepared statements,
+/// named or not, are safe in neither case (idem-sql's ARCHITECTURE.md
+/// section "Behind a pooler").
+fn simple(sql: String, args: &[Value<'_>]) -> Result<sqlx::RawSql, sqlx::Error> {
+    Ok(sqlx::raw_sql(AssertSqlSafe(inline(&sql, args)?)))
 }

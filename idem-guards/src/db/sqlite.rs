@@ -19,7 +19,7 @@ impl GuardDb for Sqlite {
         column.to_owned()
     }
 
-    guard_statements!(SqliteConnection);
+    guard_statements!(SqliteConnection, bound);
 
     async fn delete_returning(_: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
         // Since SQLite 3.35; the `sqlite` feature links sqlx's bundled
@@ -36,4 +36,12 @@ impl GuardDb for Sqlite {
         sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut *tx).await?;
         tx.commit().await
     }
+}
+
+/// `sql` with `args` bound to its parameters.
+fn bound<'q>(
+    sql: String,
+    args: &[Value<'q>],
+) -> Result<sqlx::query::Query<'q, Sqlite, <Sqlite as sqlx::Database>::Arguments>, sqlx::Error> {
+    Ok(bind_all(sqlx::query(AssertSqlSafe(sql)), args))
 }

@@ -5,15 +5,17 @@ use idem_sql::sqlx;
 
 /// The statements the SQL guards run, written once and expanded in each
 /// database's `impl GuardDb` with its concrete connection type (no
-/// higher-ranked bounds over `sqlx::Executor`).
+/// higher-ranked bounds over `sqlx::Executor`) and the function that makes
+/// a runnable statement of SQL text and its values: bound parameters, or
+/// on PostgreSQL values written into a simple query (`db/postgres.rs`).
 macro_rules! guard_statements {
-    ($conn:ty) => {
+    ($conn:ty, $statement:path) => {
         async fn execute(
             conn: &mut $conn,
             sql: String,
             args: &[Value<'_>],
         ) -> Result<u64, sqlx::Error> {
-            let query = bind_all(sqlx::query(AssertSqlSafe(sql)), args);
+            let query = $statement(sql, args)?;
             Ok(query.execute(&mut *conn).await?.rows_affected())
         }
 
@@ -22,7 +24,7 @@ macro_rules! guard_statements {
             sql: String,
             args: &[Value<'_>],
         ) -> Result<Option<Option<String>>, sqlx::Error> {
-            let query = bind_all(sqlx::query(AssertSqlSafe(sql)), args);
+            let query = $statement(sql, args)?;
             match query.fetch_optional(&mut *conn).await? {
                 Some(row) => sqlx::Row::try_get(&row, 0).map(Some),
                 None => Ok(None),
@@ -34,7 +36,7 @@ macro_rules! guard_statements {
             sql: String,
             args: &[Value<'_>],
         ) -> Result<Vec<EventRow>, sqlx::Error> {
-            let query = bind_all(sqlx::query(AssertSqlSafe(sql)), args);
+            let query = $statement(sql, args)?;
             query
                 .fetch_all(&mut *conn)
                 .await?
@@ -48,7 +50,7 @@ macro_rules! guard_statements {
             sql: String,
             args: &[Value<'_>],
         ) -> Result<Option<Vec<Option<i64>>>, sqlx::Error> {
-            let query = bind_all(sqlx::query(AssertSqlSafe(sql)), args);
+            let query = $statement(sql, args)?;
             match query.fetch_optional(&mut *conn).await? {
                 Some(row) => int_columns(&row).map(Some),
                 None => Ok(None),
@@ -62,15 +64,13 @@ macro_rules! guard_statements {
             args: &[Value<'_>],
         ) -> Result<Option<Vec<Option<i64>>>, sqlx::Error> {
             let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-            let read = bind_all(sqlx::query(AssertSqlSafe(select)), args)
-                .fetch_optional(&mut *tx)
-                .await?;
+            let read = $statement(select, args)?.fetch_optional(&mut *tx).await?;
             let Some(row) = read else {
                 tx.rollback().await?;
                 return Ok(None);
             };
             let ints = int_columns(&row)?;
-            let deleted = bind_all(sqlx::query(AssertSqlSafe(delete)), args)
+            let deleted = $statement(delete, args)?
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();

@@ -232,7 +232,7 @@ pub(crate) async fn run_migrations<DB>(
     last_applied: String,
 ) -> Result<(), sqlx::Error>
 where
-    DB: Dialect,
+    DB: Dialect + sqlx::database::HasStatementCache,
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
     DB::Arguments: sqlx::IntoArguments<DB>,
     usize: sqlx::ColumnIndex<DB::Row>,
@@ -241,7 +241,11 @@ where
     sqlx::raw_sql(AssertSqlSafe(create_versions))
         .execute(&mut *conn)
         .await?;
+    // Unnamed statements: in the migration's transaction, parse and run
+    // reach one server session even through a pooler, and nothing is left
+    // on a session it shares (ARCHITECTURE.md, "Behind a pooler").
     let applied: Option<i64> = sqlx::query_scalar(AssertSqlSafe(last_applied))
+        .persistent(false)
         .fetch_one(&mut *conn)
         .await?;
     for (version, sql) in migrations {
@@ -255,6 +259,7 @@ where
             &format!("{table}_schema (version)"),
             &DB::placeholder(1),
         )))
+        .persistent(false)
         .bind(version)
         .execute(&mut *conn)
         .await?;

@@ -9,13 +9,18 @@ use std::time::Duration;
 use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Postgres, Row};
 
+mod literal;
 mod script;
+mod session;
+
+pub use literal::inline;
 
 use super::dialect::{
-    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, bind_all, has_code, record_row,
-    run_migrations, sealed, shared_statements,
+    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, Value, has_code, record_row, run_migrations,
+    sealed,
 };
 use idem_core::OwnerToken;
+use session::Statement;
 
 const MIGRATIONS: &[(i64, &str)] = &[(
     1,
@@ -160,10 +165,20 @@ impl Dialect for Postgres {
         q: &Queries,
         args: ClaimArgs<'_>,
     ) -> Result<ClaimStep, sqlx::Error> {
-        let row = bind_all(sqlx::query(AssertSqlSafe(q.claim.clone())), &args.values())
-            .bind(advisory_key(args.key_hash))
-            .fetch_one(&mut *conn)
-            .await?;
+        let [hash, key, owner, fingerprint, lease] = args.values();
+        let values = [
+            hash,
+            key,
+            owner,
+            fingerprint,
+            lease,
+            Value::Int(advisory_key(args.key_hash)),
+        ];
+        let answered = session::run(conn, q, Statement::Claim, &values).await?;
+        let row = answered
+            .rows
+            .first()
+            .ok_or_else(|| sqlx::Error::RowNotFound)?;
         if row.try_get::<bool, _>(0)? {
             return Ok(ClaimStep::Acquired);
         }
@@ -179,7 +194,69 @@ impl Dialect for Postgres {
         Ok(ClaimStep::found(Self::read(conn, q, args.key_hash).await?))
     }
 
-    shared_statements!(PgConnection);
+    async fn read(
+        conn: &mut PgConnection,
+        q: &Queries,
+        key_hash: &[u8; 32],
+    ) -> Result<Option<RecordRow>, sqlx::Error> {
+        let answered = session::run(conn, q, Statement::Read, &[Value::Bytes(key_hash)]).await?;
+        answered.rows.first().map(record_row).transpose()
+    }
+
+    async fn complete(
+        conn: &mut PgConnection,
+        q: &Queries,
+        key_hash: &[u8; 32],
+        owner: &OwnerToken,
+        outcome: &[u8],
+        ttl_ms: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let values = [
+            Value::Bytes(outcome),
+            Value::Int(ttl_ms),
+            Value::Bytes(key_hash),
+            Value::Bytes(owner.as_bytes()),
+        ];
+        let answered = session::run(conn, q, Statement::Complete, &values).await?;
+        Ok(answered.changed == 1)
+    }
+
+    async fn release(
+        conn: &mut PgConnection,
+        q: &Queries,
+        key_hash: &[u8; 32],
+        owner: &OwnerToken,
+    ) -> Result<bool, sqlx::Error> {
+        let values = [Value::Bytes(key_hash), Value::Bytes(owner.as_bytes())];
+        let answered = session::run(conn, q, Statement::Release, &values).await?;
+        Ok(answered.changed == 1)
+    }
+
+    async fn renew(
+        conn: &mut PgConnection,
+        q: &Queries,
+        key_hash: &[u8; 32],
+        owner: &OwnerToken,
+        lease_ms: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let values = [
+            Value::Int(lease_ms),
+            Value::Bytes(key_hash),
+            Value::Bytes(owner.as_bytes()),
+        ];
+        let answered = session::run(conn, q, Statement::Renew, &values).await?;
+        Ok(answered.changed == 1)
+    }
+
+    async fn purge(
+        conn: &mut PgConnection,
+        q: &Queries,
+        _table: &str,
+        batch: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let answered = session::run(conn, q, Statement::Purge, &[Value::Int(batch)]).await?;
+        Ok(answered.changed)
+    }
 
     async fn tx_claim(
         conn: &mut PgConnection,
@@ -284,6 +361,10 @@ impl Dialect for Postgres {
 /// it: one holder at a time, until the transaction ends.
 async fn lock_until_commit(conn: &mut PgConnection, name: String) -> Result<(), sqlx::Error> {
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+        // Unnamed: a named statement would outlive the transaction on a
+        // server session a pooler shares (ARCHITECTURE.md, "Behind a
+        // pooler"); in the transaction, parse and run reach one session.
+        .persistent(false)
         .bind(name)
         .execute(&mut *conn)
         .await
