@@ -41,12 +41,18 @@ impl SqlPool {
     /// crash or a power loss may lose the last commits, idempotency records
     /// included, so a retry after one could run again. FULL syncs every
     /// commit and survives both, at several times the cost per write.
+    ///
+    /// A PostgreSQL URL may end in `?pooler=transaction`: the database is
+    /// reached through a pooler in transaction pooling, such as PgBouncer
+    /// (see [`behind_transaction_pooler`]); the parameter is the app's, not
+    /// sent to sqlx.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, sqlx::Error> {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let (url, _) = pooler(url);
             let pool = PgPoolOptions::new()
                 .max_connections(max_connections)
                 .acquire_timeout(ACQUIRE_TIMEOUT);
-            Ok(Self::Postgres(pool.connect(url).await?))
+            Ok(Self::Postgres(pool.connect(&url).await?))
         } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
             let pool = MySqlPoolOptions::new()
                 .max_connections(max_connections)
@@ -79,6 +85,31 @@ impl SqlPool {
             ))
         }
     }
+}
+
+/// Whether the PostgreSQL `url` says the database is reached through a
+/// pooler in transaction pooling (`?pooler=transaction`): then the app's
+/// statements run unnamed, in transactions (docs/poolers.md).
+pub fn behind_transaction_pooler(url: &str) -> bool {
+    pooler(url).1
+}
+
+/// `url` without its `pooler=` parameter, and whether it said
+/// `transaction`.
+fn pooler(url: &str) -> (String, bool) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_owned(), false);
+    };
+    let (pooler, rest): (Vec<&str>, Vec<&str>) = query
+        .split('&')
+        .partition(|pair| pair.starts_with("pooler="));
+    let transaction = pooler.contains(&"pooler=transaction");
+    let url = if rest.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    (url, transaction)
 }
 
 /// `url` without its `synchronous=` parameter, and what that parameter asks
@@ -126,5 +157,15 @@ mod tests {
             ("sqlite://a.db?mode=rwc", "Full".into())
         );
         assert!(sqlite_synchronous("sqlite://a.db?synchronous=off").is_err());
+    }
+
+    #[test]
+    fn the_pooler_is_read_off_the_url() {
+        assert_eq!(pooler("postgres://h/db"), ("postgres://h/db".into(), false));
+        assert_eq!(
+            pooler("postgres://h/db?pooler=transaction&sslmode=disable"),
+            ("postgres://h/db?sslmode=disable".into(), true)
+        );
+        assert!(!behind_transaction_pooler("postgres://h/db?pooler=session"));
     }
 }

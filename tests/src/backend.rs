@@ -3,7 +3,9 @@
 //! `IDEM_TEST_REDIS_URL` (defaults: the local services); a server that is
 //! not there skips the test, or fails it under `CI=true`.
 
-use idem_tower::core::conformance::{mysql_url, postgres_url, redis_url, server_missing};
+use idem_tower::core::conformance::{
+    mysql_url, pgbouncer_url, postgres_url, redis_url, server_missing,
+};
 
 use crate::nonce;
 
@@ -23,6 +25,10 @@ pub enum Backend {
     Redis,
     /// PostgreSQL behind the Redis gate: the tiered store.
     PostgresWithRedis,
+    /// PostgreSQL through PgBouncer in transaction pooling
+    /// (`IDEM_TEST_PGBOUNCER_URL`), the app told so (`?pooler=transaction`:
+    /// its own statements unnamed, in transactions).
+    PgBouncer,
 }
 
 impl Backend {
@@ -37,11 +43,16 @@ impl Backend {
             }
             Self::Postgres | Self::PostgresWithRedis => postgres_url(),
             Self::MySql => mysql_url(),
+            Self::PgBouncer => {
+                let url = pgbouncer_url();
+                let joint = if url.contains('?') { '&' } else { '?' };
+                format!("{url}{joint}pooler=transaction")
+            }
         };
         let addr = url
             .split('@')
             .nth(1)
-            .and_then(|rest| rest.split('/').next())
+            .and_then(|rest| rest.split(['/', '?']).next())
             .unwrap_or("127.0.0.1");
         reachable(&format!("{self:?}"), &url, addr)
             .await

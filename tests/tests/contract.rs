@@ -24,6 +24,8 @@ macro_rules! on_every_backend {
         on_every_backend!(@module sqlite_layer_http, Sqlite, Http, Layer; $($case),*);
         on_every_backend!(@module postgres_attribute_http, Postgres, Http, Attribute; $($case),*);
         on_every_backend!(@module postgres_layer_http, Postgres, Http, Layer; $($case),*);
+        on_every_backend!(@module pgbouncer_attribute_http, PgBouncer, Http, Attribute; $($case),*);
+        on_every_backend!(@module pgbouncer_layer_http, PgBouncer, Http, Layer; $($case),*);
         on_every_backend!(@module mysql_attribute_http, MySql, Http, Attribute; $($case),*);
         on_every_backend!(@module mysql_layer_http, MySql, Http, Layer; $($case),*);
         on_every_backend!(@module redis_attribute_http, Redis, Http, Attribute; $($case),*);

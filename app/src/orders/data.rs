@@ -18,7 +18,7 @@ use super::memory::Db;
 use super::model::{NewOrder, Order, Payment, TransitionError};
 use super::sql::OrdersSql;
 use super::{App, BoxError};
-use crate::sql_pool::SqlPool;
+use crate::sql_pool::{SqlPool, behind_transaction_pooler};
 
 /// The app's data.
 #[derive(Debug, Clone)]
@@ -32,6 +32,11 @@ pub enum Data {
         pool: PgPool,
         /// Where `POST /orders` enqueues its `order.created` events.
         outbox: Outbox<Postgres>,
+        /// Whether the app's statements are named, prepared once per
+        /// connection (sqlx's default); not through a pooler in transaction
+        /// pooling, which shares server sessions between transactions
+        /// (`?pooler=transaction`, docs/poolers.md).
+        named: bool,
     },
     /// MySQL or MariaDB, idempotency in a `MySqlStore`.
     MySql {
@@ -60,7 +65,12 @@ impl Data {
         Ok(match SqlPool::connect(database, 64).await? {
             SqlPool::Postgres(pool) => {
                 let outbox = migrate(&pool).await?;
-                Self::Postgres { pool, outbox }
+                let named = !behind_transaction_pooler(database);
+                Self::Postgres {
+                    pool,
+                    outbox,
+                    named,
+                }
             }
             SqlPool::MySql(pool) => {
                 let outbox = migrate(&pool).await?;
@@ -81,9 +91,11 @@ impl Data {
     ) -> Result<(Vec<Order>, i64), sqlx::Error> {
         match self {
             Self::Memory(db) => Ok(db.orders_of(tenant, user)),
-            Self::Postgres { pool, .. } => Postgres::orders_of(pool, tenant, user).await,
-            Self::MySql { pool, .. } => MySql::orders_of(pool, tenant, user).await,
-            Self::Sqlite { pool, .. } => Sqlite::orders_of(pool, tenant, user).await,
+            Self::Postgres { pool, named, .. } => {
+                Postgres::orders_of(pool, *named, tenant, user).await
+            }
+            Self::MySql { pool, .. } => MySql::orders_of(pool, true, tenant, user).await,
+            Self::Sqlite { pool, .. } => Sqlite::orders_of(pool, true, tenant, user).await,
         }
     }
 
@@ -95,12 +107,14 @@ impl Data {
     ) -> Result<bool, sqlx::Error> {
         match self {
             Self::Memory(db) => Ok(db.create_payment(payment_no, amount_cents)),
-            Self::Postgres { pool, .. } => {
-                Postgres::create_payment(pool, payment_no, amount_cents).await
+            Self::Postgres { pool, named, .. } => {
+                Postgres::create_payment(pool, *named, payment_no, amount_cents).await
             }
-            Self::MySql { pool, .. } => MySql::create_payment(pool, payment_no, amount_cents).await,
+            Self::MySql { pool, .. } => {
+                MySql::create_payment(pool, true, payment_no, amount_cents).await
+            }
             Self::Sqlite { pool, .. } => {
-                Sqlite::create_payment(pool, payment_no, amount_cents).await
+                Sqlite::create_payment(pool, true, payment_no, amount_cents).await
             }
         }
     }
@@ -114,11 +128,15 @@ impl Data {
     ) -> Result<Result<Payment, TransitionError>, BoxError> {
         match self {
             Self::Memory(db) => Ok(db.mark_paid(payment_no, amount_cents)),
-            Self::Postgres { pool, .. } => {
-                Postgres::mark_paid(pool, payment_no, amount_cents).await
+            Self::Postgres { pool, named, .. } => {
+                Postgres::mark_paid(pool, *named, payment_no, amount_cents).await
             }
-            Self::MySql { pool, .. } => MySql::mark_paid(pool, payment_no, amount_cents).await,
-            Self::Sqlite { pool, .. } => Sqlite::mark_paid(pool, payment_no, amount_cents).await,
+            Self::MySql { pool, .. } => {
+                MySql::mark_paid(pool, true, payment_no, amount_cents).await
+            }
+            Self::Sqlite { pool, .. } => {
+                Sqlite::mark_paid(pool, true, payment_no, amount_cents).await
+            }
         }
     }
 
@@ -130,9 +148,9 @@ impl Data {
     ) -> Result<Result<Payment, TransitionError>, BoxError> {
         match self {
             Self::Memory(db) => Ok(db.refund(payment_no)),
-            Self::Postgres { pool, .. } => Postgres::refund(pool, payment_no).await,
-            Self::MySql { pool, .. } => MySql::refund(pool, payment_no).await,
-            Self::Sqlite { pool, .. } => Sqlite::refund(pool, payment_no).await,
+            Self::Postgres { pool, named, .. } => Postgres::refund(pool, *named, payment_no).await,
+            Self::MySql { pool, .. } => MySql::refund(pool, true, payment_no).await,
+            Self::Sqlite { pool, .. } => Sqlite::refund(pool, true, payment_no).await,
         }
     }
 
@@ -140,9 +158,9 @@ impl Data {
     pub async fn payment(&self, payment_no: &str) -> Result<Option<Payment>, sqlx::Error> {
         match self {
             Self::Memory(db) => Ok(db.payment(payment_no)),
-            Self::Postgres { pool, .. } => Postgres::payment(pool, payment_no).await,
-            Self::MySql { pool, .. } => MySql::payment(pool, payment_no).await,
-            Self::Sqlite { pool, .. } => Sqlite::payment(pool, payment_no).await,
+            Self::Postgres { pool, named, .. } => Postgres::payment(pool, *named, payment_no).await,
+            Self::MySql { pool, .. } => MySql::payment(pool, true, payment_no).await,
+            Self::Sqlite { pool, .. } => Sqlite::payment(pool, true, payment_no).await,
         }
     }
 }
@@ -162,8 +180,9 @@ async fn migrate<DB: OrdersSql + GuardDb>(pool: &sqlx::Pool<DB>) -> Result<Outbo
 pub enum Writer {
     /// In memory.
     Memory(Arc<Db>),
-    /// The claim's PostgreSQL transaction, and the outbox.
-    Postgres(Tx<Postgres>, Outbox<Postgres>),
+    /// The claim's PostgreSQL transaction, the outbox, and whether the
+    /// app's statements are named ([`Data::Postgres`]).
+    Postgres(Tx<Postgres>, Outbox<Postgres>, bool),
     /// The claim's MySQL transaction, and the outbox.
     MySql(Tx<MySql>, Outbox<MySql>),
     /// The claim's SQLite transaction, and the outbox.
@@ -182,9 +201,15 @@ impl Writer {
     ) -> Result<Order, BoxError> {
         match self {
             Self::Memory(db) => Ok(db.place_order(tenant, user, order)),
-            Self::Postgres(tx, outbox) => place_order(&mut **tx, outbox, tenant, user, order).await,
-            Self::MySql(tx, outbox) => place_order(&mut **tx, outbox, tenant, user, order).await,
-            Self::Sqlite(tx, outbox) => place_order(&mut **tx, outbox, tenant, user, order).await,
+            Self::Postgres(tx, outbox, named) => {
+                place_order(&mut **tx, *named, outbox, tenant, user, order).await
+            }
+            Self::MySql(tx, outbox) => {
+                place_order(&mut **tx, true, outbox, tenant, user, order).await
+            }
+            Self::Sqlite(tx, outbox) => {
+                place_order(&mut **tx, true, outbox, tenant, user, order).await
+            }
         }
     }
 }
@@ -192,12 +217,13 @@ impl Writer {
 /// The order, the debit and the event, on the transaction's connection.
 async fn place_order<DB: OrdersSql + GuardDb>(
     conn: &mut DB::Connection,
+    named: bool,
     outbox: &Outbox<DB>,
     tenant: &str,
     user: &str,
     order: &NewOrder,
 ) -> Result<Order, BoxError> {
-    let placed = <DB as OrdersSql>::place_order(conn, tenant, user, order).await?;
+    let placed = <DB as OrdersSql>::place_order(conn, named, tenant, user, order).await?;
     // A new order id, so a new event id: never `AlreadyQueued` here.
     let _ = outbox.enqueue(conn, &order_created(&placed)?).await?;
     Ok(placed)
@@ -210,9 +236,10 @@ impl FromRequestParts<App> for Writer {
         let reject = IntoResponse::into_response;
         Ok(match &app.data {
             Data::Memory(db) => Self::Memory(db.clone()),
-            Data::Postgres { outbox, .. } => Self::Postgres(
+            Data::Postgres { outbox, named, .. } => Self::Postgres(
                 Tx::from_request_parts(parts, app).await.map_err(reject)?,
                 outbox.clone(),
+                *named,
             ),
             Data::MySql { outbox, .. } => Self::MySql(
                 Tx::from_request_parts(parts, app).await.map_err(reject)?,

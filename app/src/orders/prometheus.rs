@@ -91,6 +91,10 @@ pub fn install_prometheus() -> Result<PrometheusHandle, BoxError> {
         "idem_lease_renewals_total",
         "Lease renewals of plain claims while their handlers run, by result (ok, failed, lost) and matched route pattern."
     );
+    metrics::describe_counter!(
+        "idem_completions_total",
+        "Completions of plain claims, by result (ok, retried, lost, failed: an effect left without its record) and matched route pattern."
+    );
     for (name, help) in TIER_COUNTERS {
         metrics::describe_counter!(*name, *help);
     }

@@ -13,6 +13,7 @@
 
 mod apps;
 mod checker;
+mod pgbouncer;
 mod postgres;
 mod proxy;
 #[path = "../../../idem-redis/tests/support/redis_servers.rs"]

@@ -15,6 +15,7 @@ use idem_tower::sql::sqlx::PgPool;
 
 use crate::apps::Apps;
 use crate::checker::{self, Verdict};
+use crate::pgbouncer::PgBouncer;
 use crate::postgres::Postgres;
 use crate::proxy::{Mode, Proxy};
 use crate::redis_servers::{RedisServer, Sentinel};
@@ -60,6 +61,11 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         name: "postgres-restart",
         what: "PostgreSQL crashes (stop -m immediate) and is started again 4.5 s later",
         run: |pg| Box::pin(postgres_restart(pg)),
+    },
+    Scenario {
+        name: "pgbouncer-restart",
+        what: "the instances through PgBouncer in transaction pooling, killed (kill -9) and started again 3.5 s later",
+        run: |pg| Box::pin(pgbouncer_restart(pg)),
     },
     Scenario {
         name: "kill-instances",
@@ -311,6 +317,34 @@ async fn postgres_restart(pg: &Postgres) -> Option<Report> {
         report
             .unmet
             .push("no 503 with Retry-After while PostgreSQL was down".into());
+    }
+    if report.kills != 0 {
+        report.unmet.push("an instance was restarted".into());
+    }
+    Some(report)
+}
+
+async fn pgbouncer_restart(pg: &Postgres) -> Option<Report> {
+    let redis = RedisServer::start(&[])?;
+    let mut bouncer = PgBouncer::start(pg.port()).await?;
+    let apps = Arc::new(Apps::start(&bouncer.url(), Some(&redis.url()), INSTANCES).await);
+    let start = Instant::now();
+    let mut report = drive("pgbouncer-restart", pg, apps, async {
+        at(start, 3.0).await;
+        bouncer.crash().await;
+        // Down past the pool's acquire timeout (3 s): requests meet it.
+        at(start, 6.5).await;
+        bouncer.start_again().await;
+        format!(
+            "PgBouncer killed at t=3 s, accepting again at t={:.1} s",
+            start.elapsed().as_secs_f64()
+        )
+    })
+    .await;
+    if report.unavailable_with_retry_after == 0 {
+        report
+            .unmet
+            .push("no 503 with Retry-After while PgBouncer was down".into());
     }
     if report.kills != 0 {
         report.unmet.push("an instance was restarted".into());

@@ -38,6 +38,7 @@ pub trait OrdersSql: sqlx::Database {
     /// inserts the order, on `conn`.
     fn place_order(
         conn: &mut Self::Connection,
+        named: bool,
         tenant: &str,
         user: &str,
         order: &NewOrder,
@@ -45,12 +46,14 @@ pub trait OrdersSql: sqlx::Database {
     /// A user's orders and balance.
     fn orders_of(
         pool: &Pool<Self>,
+        named: bool,
         tenant: &str,
         user: &str,
     ) -> impl Future<Output = Result<(Vec<Order>, i64), sqlx::Error>> + Send;
     /// Creates a payment in `WAIT_PAY`; `false` if the number is taken.
     fn create_payment(
         pool: &Pool<Self>,
+        named: bool,
         payment_no: &str,
         amount_cents: i64,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
@@ -58,6 +61,7 @@ pub trait OrdersSql: sqlx::Database {
     /// transaction; already `PAID` is a success that books nothing.
     fn mark_paid(
         pool: &Pool<Self>,
+        named: bool,
         payment_no: &str,
         amount_cents: i64,
     ) -> impl Future<Output = Result<Result<Payment, TransitionError>, BoxError>> + Send;
@@ -65,6 +69,7 @@ pub trait OrdersSql: sqlx::Database {
     /// transaction; already `REFUNDED` is a success that books nothing.
     fn refund(
         pool: &Pool<Self>,
+        named: bool,
         payment_no: &str,
     ) -> impl Future<Output = Result<Result<Payment, TransitionError>, BoxError>> + Send;
     /// Moves a payment `from -> to` in `tx` and, if it moved, books its
@@ -73,6 +78,7 @@ pub trait OrdersSql: sqlx::Database {
     /// success that books nothing.
     fn move_payment(
         pool: &Pool<Self>,
+        named: bool,
         tx: Transaction<'static, Self>,
         payment_no: &str,
         from_to: (PaymentState, PaymentState),
@@ -92,6 +98,7 @@ pub trait OrdersSql: sqlx::Database {
     /// A payment with its ledger credit count.
     fn payment(
         pool: &Pool<Self>,
+        named: bool,
         payment_no: &str,
     ) -> impl Future<Output = Result<Option<Payment>, sqlx::Error>> + Send;
 }
@@ -118,16 +125,20 @@ macro_rules! shared_queries {
     ($params:expr) => {
         async fn orders_of(
             pool: &Pool<Self>,
+            named: bool,
             tenant: &str,
             user: &str,
         ) -> Result<(Vec<Order>, i64), sqlx::Error> {
+            // In a transaction of its own, as `payment`.
+            let mut tx = pool.begin().await?;
             let rows = sqlx::query(AssertSqlSafe($params(
                 "SELECT order_id, sku, qty, amount_cents, balance_cents FROM orders_orders \
                  WHERE tenant = $1 AND user_id = $2 ORDER BY order_id",
             )))
+            .persistent(named)
             .bind(tenant)
             .bind(user)
-            .fetch_all(pool)
+            .fetch_all(&mut *tx)
             .await?;
             let orders = rows
                 .iter()
@@ -146,15 +157,18 @@ macro_rules! shared_queries {
             let balance: Option<i64> = sqlx::query_scalar(AssertSqlSafe($params(
                 "SELECT balance_cents FROM orders_balances WHERE tenant = $1 AND user_id = $2",
             )))
+            .persistent(named)
             .bind(tenant)
             .bind(user)
-            .fetch_optional(pool)
+            .fetch_optional(&mut *tx)
             .await?;
+            tx.commit().await?;
             Ok((orders, balance.unwrap_or(STARTING_BALANCE_CENTS)))
         }
 
         async fn mark_paid(
             pool: &Pool<Self>,
+            named: bool,
             payment_no: &str,
             amount_cents: i64,
         ) -> Result<Result<Payment, TransitionError>, BoxError> {
@@ -163,6 +177,7 @@ macro_rules! shared_queries {
             let expected: Option<i64> = sqlx::query_scalar(AssertSqlSafe($params(
                 "SELECT amount_cents FROM orders_payments WHERE payment_no = $1",
             )))
+            .persistent(named)
             .bind(payment_no)
             .fetch_optional(&mut *tx)
             .await?;
@@ -175,6 +190,7 @@ macro_rules! shared_queries {
             }
             Self::move_payment(
                 pool,
+                named,
                 tx,
                 payment_no,
                 (PaymentState::WaitPay, PaymentState::Paid),
@@ -186,10 +202,12 @@ macro_rules! shared_queries {
 
         async fn refund(
             pool: &Pool<Self>,
+            named: bool,
             payment_no: &str,
         ) -> Result<Result<Payment, TransitionError>, BoxError> {
             Self::move_payment(
                 pool,
+                named,
                 Self::begin_read_write(pool).await?,
                 payment_no,
                 (PaymentState::Paid, PaymentState::Refunded),
@@ -202,6 +220,7 @@ macro_rules! shared_queries {
 
         async fn move_payment(
             pool: &Pool<Self>,
+            named: bool,
             mut tx: sqlx::Transaction<'static, Self>,
             payment_no: &str,
             (from, to): (PaymentState, PaymentState),
@@ -213,19 +232,27 @@ macro_rules! shared_queries {
                 return Ok(Err(refused));
             }
             if moved == Transition::Applied {
-                let mut entry = sqlx::query(AssertSqlSafe($params(entry))).bind(payment_no);
+                let mut entry = sqlx::query(AssertSqlSafe($params(entry))).persistent(named).bind(payment_no);
                 if let Some(amount_cents) = amount_cents {
                     entry = entry.bind(amount_cents);
                 }
                 entry.execute(&mut *tx).await?;
             }
             tx.commit().await?;
-            Ok(Self::payment(pool, payment_no)
+            Ok(Self::payment(pool, named, payment_no)
                 .await?
                 .ok_or(TransitionError::NotFound))
         }
 
-        async fn payment(pool: &Pool<Self>, payment_no: &str) -> Result<Option<Payment>, sqlx::Error> {
+        async fn payment(
+            pool: &Pool<Self>,
+            named: bool,
+            payment_no: &str,
+        ) -> Result<Option<Payment>, sqlx::Error> {
+            // In a transaction of its own: its statements unnamed, parsed
+            // and run on one server session, when a pooler shares them
+            // (docs/poolers.md).
+            let mut tx = pool.begin().await?;
             let row = sqlx::query(AssertSqlSafe($params(
                 "SELECT p.state, p.amount_cents, \
                    (SELECT COUNT(*) FROM orders_ledger l \
@@ -234,9 +261,11 @@ macro_rules! shared_queries {
                      WHERE l.payment_no = p.payment_no AND l.amount_cents < 0) \
                  FROM orders_payments p WHERE p.payment_no = $1",
             )))
+            .persistent(named)
             .bind(payment_no)
-            .fetch_optional(pool)
+            .fetch_optional(&mut *tx)
             .await?;
+            tx.commit().await?;
             row.map(|r| {
                 Ok(Payment {
                     payment_no: payment_no.to_owned(),

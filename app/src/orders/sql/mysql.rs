@@ -37,6 +37,7 @@ impl OrdersSql for MySql {
 
     async fn place_order(
         conn: &mut MySqlConnection,
+        named: bool,
         tenant: &str,
         user: &str,
         order: &NewOrder,
@@ -45,6 +46,7 @@ impl OrdersSql for MySql {
             "INSERT INTO orders_balances (tenant, user_id, balance_cents) VALUES (?, ?, ? - ?) \
              ON DUPLICATE KEY UPDATE balance_cents = balance_cents - ?",
         )
+        .persistent(named)
         .bind(tenant)
         .bind(user)
         .bind(STARTING_BALANCE_CENTS)
@@ -55,6 +57,7 @@ impl OrdersSql for MySql {
         let balance: i64 = sqlx::query_scalar(
             "SELECT balance_cents FROM orders_balances WHERE tenant = ? AND user_id = ?",
         )
+        .persistent(named)
         .bind(tenant)
         .bind(user)
         .fetch_one(&mut *conn)
@@ -63,6 +66,7 @@ impl OrdersSql for MySql {
             "INSERT INTO orders_orders (tenant, user_id, sku, qty, amount_cents, balance_cents) \
              VALUES (?, ?, ?, ?, ?, ?)",
         )
+        .persistent(named)
         .bind(tenant)
         .bind(user)
         .bind(&order.sku)
@@ -82,17 +86,22 @@ impl OrdersSql for MySql {
 
     async fn create_payment(
         pool: &Pool<Self>,
+        named: bool,
         payment_no: &str,
         amount_cents: i64,
     ) -> Result<bool, sqlx::Error> {
+        // In a transaction of its own, as `payment`.
+        let mut tx = pool.begin().await?;
         let done = sqlx::query(
             "INSERT IGNORE INTO orders_payments (payment_no, state, amount_cents) \
              VALUES (?, 'WAIT_PAY', ?)",
         )
+        .persistent(named)
         .bind(payment_no)
         .bind(amount_cents)
-        .execute(pool)
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
         Ok(done.rows_affected() == 1)
     }
 }

@@ -32,6 +32,7 @@ macro_rules! returning_dialect {
 
             async fn place_order(
                 conn: &mut $conn,
+                named: bool,
                 tenant: &str,
                 user: &str,
                 order: &NewOrder,
@@ -43,6 +44,7 @@ macro_rules! returning_dialect {
                      DO UPDATE SET balance_cents = orders_balances.balance_cents - $4 \
                      RETURNING balance_cents",
                 )))
+                .persistent(named)
                 .bind(tenant)
                 .bind(user)
                 .bind(STARTING_BALANCE_CENTS)
@@ -54,6 +56,7 @@ macro_rules! returning_dialect {
                      (tenant, user_id, sku, qty, amount_cents, balance_cents) \
                      VALUES ($1, $2, $3, $4, $5, $6) RETURNING order_id",
                 )))
+                .persistent(named)
                 .bind(tenant)
                 .bind(user)
                 .bind(&order.sku)
@@ -67,17 +70,22 @@ macro_rules! returning_dialect {
 
             async fn create_payment(
                 pool: &Pool<Self>,
+                named: bool,
                 payment_no: &str,
                 amount_cents: i64,
             ) -> Result<bool, sqlx::Error> {
+                // In a transaction of its own, as `payment`.
+                let mut tx = pool.begin().await?;
                 let done = sqlx::query(AssertSqlSafe($params(
                     "INSERT INTO orders_payments (payment_no, state, amount_cents) \
                      VALUES ($1, 'WAIT_PAY', $2) ON CONFLICT (payment_no) DO NOTHING",
                 )))
+                .persistent(named)
                 .bind(payment_no)
                 .bind(amount_cents)
-                .execute(pool)
+                .execute(&mut *tx)
                 .await?;
+                tx.commit().await?;
                 Ok(done.rows_affected() == 1)
             }
 
