@@ -161,7 +161,8 @@
 //! (`idem_requests_total{outcome, route}`), claims timed
 //! (`idem_claim_seconds{route}`) and lease renewals counted
 //! (`idem_lease_renewals_total{result, route}`: `ok`, `failed`, `lost`),
-//! and the SQL stores' purges count the expired records they delete
+//! plain claims' completions counted (`idem_completions_total{result,
+//! route}`: `ok`, `retried`, `lost`, `failed`), and the SQL stores' purges count the expired records they delete
 //! (`idem_records_purged_total`), through the [metrics] facade: install
 //! any recorder, such as `metrics-exporter-prometheus`. The stores count
 //! their own events too (the tiered store's `idem_tier_*`, SQLite's

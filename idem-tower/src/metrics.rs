@@ -11,6 +11,7 @@
 //! | `idem_requests_total` | counter | `outcome`: `first`, `replayed`, `in_flight`, `mismatch`, `not_replayable`, `missing_key`, `invalid_key`, `body_too_large`, `unkeyed`, `safe_method`, `not_run`, `released`, `misconfigured`, `store_error`; `route` |
 //! | `idem_claim_seconds` | histogram | `route` |
 //! | `idem_lease_renewals_total` | counter | `result`: `ok`, `failed` (a store error or a renewal that timed out; tried again), `lost` (the claim is no longer ours; renewals stop); `route` |
+//! | `idem_completions_total` | counter | plain claims' completions, `result`: `ok`, `retried` (stored after store errors), `lost` (another attempt took the key first), `failed` (store errors for a whole lease: the effect stands without its record, and a retry after the lease runs the handler again); `route` |
 //!
 //! With no recorder installed these cost next to nothing.
 
@@ -117,6 +118,34 @@ pub(crate) fn renewal(result: Renewal, route: &RouteLabel) {
     };
     metrics::counter!(
         "idem_lease_renewals_total",
+        "result" => result,
+        "route" => Arc::clone(route)
+    )
+    .increment(1);
+}
+
+/// How a plain claim's completion ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Completion {
+    /// Stored at the first try.
+    Ok,
+    /// Stored after store errors.
+    Retried,
+    /// Another attempt took the key first: not stored.
+    Lost,
+    /// Store errors for a whole lease: not stored.
+    Failed,
+}
+
+pub(crate) fn completion(result: Completion, route: &RouteLabel) {
+    let result = match result {
+        Completion::Ok => "ok",
+        Completion::Retried => "retried",
+        Completion::Lost => "lost",
+        Completion::Failed => "failed",
+    };
+    metrics::counter!(
+        "idem_completions_total",
         "result" => result,
         "route" => Arc::clone(route)
     )

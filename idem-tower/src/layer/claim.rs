@@ -147,18 +147,20 @@ impl Claimed {
 
     /// Keeps `outcome` for `ttl`: completes a plain claim, commits a
     /// transaction with the handler's writes. A plain claim's failures are
-    /// logged, and its response stands (the effect happened, and its key
-    /// stays blocked until the lease ends); a transaction that did not
+    /// retried for up to a lease, logged and counted, and its response
+    /// stands (the effect happened, and its key stays blocked meanwhile:
+    /// [`lease::complete`]); a transaction that did not
     /// commit kept nothing, the handler's writes included: the error, and
     /// the client must not see its success.
     pub(super) async fn finish(
         self,
         outcome: &Outcome,
         ttl: Duration,
+        route: &RouteLabel,
     ) -> Result<(), idem_core::Error> {
         match self {
-            Self::Plain { guard, .. } => {
-                lease::complete(guard, outcome, ttl).await;
+            Self::Plain { guard, lease } => {
+                lease::complete(guard, outcome, ttl, lease, route).await;
                 Ok(())
             }
             Self::Transaction(transaction) => {

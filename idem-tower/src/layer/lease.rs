@@ -7,13 +7,11 @@ use std::pin::pin;
 use std::time::Duration;
 
 use futures_util::future::{Either, select};
-use idem_core::{ErrorKind, Outcome};
+use idem_core::{ErrorKind, Outcome, expiry_after};
 
 use super::guard::ClaimGuard;
-use crate::metrics::{self, Renewal, RouteLabel};
-
-/// How often a completion that failed on a store error is tried in all.
-const COMPLETE_ATTEMPTS: u32 = 3;
+use super::task;
+use crate::metrics::{self, Completion, Renewal, RouteLabel};
 
 /// Runs `call` while renewing the claim's lease every third of it, so that
 /// a handler may run for many leases and a claim whose process died still
@@ -84,36 +82,114 @@ async fn heartbeat(guard: &ClaimGuard, lease: Duration, route: &RouteLabel) {
     }
 }
 
-/// Stores the outcome, retrying a store error, and disarms the guard. On
-/// failure the key stays claimed until its lease ends, which blocks
-/// duplicates for that long; releasing instead would let a retry run the
-/// effect a second time.
-pub(super) async fn complete(guard: ClaimGuard, outcome: &Outcome, ttl: Duration) {
-    for attempt in 1..=COMPLETE_ATTEMPTS {
-        let err = match guard
-            .store()
-            .complete(guard.key(), guard.owner(), outcome, ttl)
-            .await
-        {
-            Ok(()) => {
-                tracing::debug!("completed");
-                break;
+/// Stores the outcome, retrying a store error, and disarms the guard.
+///
+/// A completion that fails leaves the handler's effect without its record:
+/// the key stays claimed until its lease ends (releasing it would let a
+/// retry run the effect again), and once it has ended a retry runs the
+/// handler a second time. So a store error is retried with the same owner
+/// token for as long as a lease from now: a few times quickly, before the
+/// response goes out, then on a task of its own, so that the client is
+/// answered meanwhile (its duplicates are told "in flight" until the record
+/// lands, then replayed). A completion after the lease ended still lands if
+/// no other attempt took the key. What still fails is counted
+/// (`idem_completions_total`, `result="failed"`): docs/leases-and-crashes.md
+/// says when plain mode runs a handler twice.
+pub(super) async fn complete(
+    guard: ClaimGuard,
+    outcome: &Outcome,
+    ttl: Duration,
+    lease: Duration,
+    route: &RouteLabel,
+) {
+    let deadline = expiry_after(tokio::time::Instant::now(), lease);
+    let mut failures = 0;
+    let last = loop {
+        match try_complete(&guard, outcome, ttl, failures, route).await {
+            Some(err) if failures + 1 < QUICK_ATTEMPTS => {
+                failures += 1;
+                tracing::warn!(error = %err, "could not store the outcome; trying again");
+                tokio::time::sleep(backoff(failures)).await;
             }
-            Err(err) => err,
-        };
-        if err.kind() == ErrorKind::LeaseLost {
+            Some(err) => break err,
+            None => return guard.defuse(),
+        }
+    };
+    failures += 1;
+    let outcome = outcome.clone();
+    let label = route.clone();
+    let later = async move {
+        let mut last = last;
+        loop {
+            let pause = backoff(failures);
+            if tokio::time::Instant::now() + pause >= deadline {
+                metrics::completion(Completion::Failed, &label);
+                tracing::error!(
+                    error = %last,
+                    attempts = failures,
+                    "could not store the outcome within a lease; the key stays blocked until \
+                     its lease ends, and a retry after that runs the handler again"
+                );
+                return guard.defuse();
+            }
+            tracing::warn!(error = %last, "could not store the outcome; trying again in the background");
+            tokio::time::sleep(pause).await;
+            match try_complete(&guard, &outcome, ttl, failures, &label).await {
+                Some(err) => (last, failures) = (err, failures + 1),
+                None => return guard.defuse(),
+            }
+        }
+    };
+    if !task::spawn_tokio(later) {
+        metrics::completion(Completion::Failed, route);
+        tracing::error!(
+            "could not store the outcome, and no runtime to keep trying on; the key stays blocked until its lease ends"
+        );
+    }
+}
+
+/// How often a completion is tried before the response goes out.
+const QUICK_ATTEMPTS: u32 = 3;
+
+/// The pause before the next completion after `failures` failed ones:
+/// 40 ms, doubling, at most 2 s.
+fn backoff(failures: u32) -> Duration {
+    Duration::from_millis(20 << failures.min(6)).min(Duration::from_secs(2))
+}
+
+/// One completion; the store error to retry, if any. A completion that
+/// landed, or that found the claim no longer ours, is counted and done.
+async fn try_complete(
+    guard: &ClaimGuard,
+    outcome: &Outcome,
+    ttl: Duration,
+    failures: u32,
+    route: &RouteLabel,
+) -> Option<idem_core::Error> {
+    match guard
+        .store()
+        .complete(guard.key(), guard.owner(), outcome, ttl)
+        .await
+    {
+        Ok(()) => {
+            tracing::debug!(retries = failures, "completed");
+            let result = if failures == 0 {
+                Completion::Ok
+            } else {
+                Completion::Retried
+            };
+            metrics::completion(result, route);
+            None
+        }
+        Err(err) if err.kind() == ErrorKind::LeaseLost => {
+            metrics::completion(Completion::Lost, route);
             tracing::error!(
-                "the lease ran out before the handler finished (its renewals failed, or could not \
+                "the lease ran out before the outcome was stored (renewals failed, or could not \
                  run: a handler that blocks its thread starves them) and another attempt took \
                  the key; this outcome is not stored"
             );
-            break;
+            None
         }
-        if attempt == COMPLETE_ATTEMPTS {
-            tracing::error!(error = %err, "could not store the outcome; the key stays blocked until its lease ends");
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20 << attempt)).await;
+        Err(err) => Some(err),
     }
-    guard.defuse();
 }

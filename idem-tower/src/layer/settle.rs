@@ -33,7 +33,7 @@ where
 {
     match classify(&settings, response).await {
         Classified::Final(outcome, response) => {
-            match claimed.finish(&outcome, settings.ttl).await {
+            match claimed.finish(&outcome, settings.ttl, &route).await {
                 Ok(()) => {
                     metrics::request(Handled::First, &route);
                     response

@@ -13,6 +13,17 @@ use std::future::Future;
 #[cfg(idem_loom)]
 const STACK: usize = 8 << 20;
 
+/// Runs `work`, which waits on tokio's timers, to its end on a tokio task;
+/// `false` if there is no runtime (it is then dropped here). Not a loom
+/// thread: loom runs no timers.
+pub(super) fn spawn_tokio(work: impl Future<Output = ()> + Send + 'static) -> bool {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return false;
+    };
+    runtime.spawn(work);
+    true
+}
+
 /// Runs `work` to its end on a task of its own; `false` if there is no
 /// runtime to run it on (it is then dropped here).
 pub(super) fn spawn(work: impl Future<Output = ()> + Send + 'static) -> bool {
