@@ -236,6 +236,42 @@ async fn a_first_call_runs_once_and_its_replays_carry_its_status_and_reply() {
     }
 }
 
+/// `idempotency-key` metadata is read as the IETF draft writes the
+/// header: a quoted String and its bare form are one key, a String may hold
+/// spaces, and parameters are `INVALID_ARGUMENT` (nothing runs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_quoted_and_a_bare_key_are_one_call() {
+    let calls = Calls::default();
+    let channel = serve(Wiring::OneService, &calls).await;
+    let first = charge(&channel, Some("\"k-quoted\""), 500)
+        .await
+        .expect("OK");
+    assert!(!replayed(&first));
+    let bare = charge(&channel, Some("k-quoted"), 500).await.expect("OK");
+    assert!(replayed(&bare), "the bare form is the same key");
+    assert_eq!(bare.get_ref(), first.get_ref());
+    assert_eq!(calls.get(), 1, "one run for both forms");
+
+    let spaced = charge(&channel, Some("\"order 7 of 9\""), 500)
+        .await
+        .expect("OK");
+    let again = charge(&channel, Some("\"order 7 of 9\""), 500)
+        .await
+        .expect("OK");
+    assert!(!replayed(&spaced) && replayed(&again));
+    assert_eq!(calls.get(), 2);
+
+    let with_params = charge(&channel, Some("\"k-quoted\";x=1"), 500)
+        .await
+        .unwrap_err();
+    assert_eq!(with_params.code(), Code::InvalidArgument, "{with_params:?}");
+    assert!(
+        with_params.message().contains("parameters"),
+        "{with_params:?}"
+    );
+    assert_eq!(calls.get(), 2);
+}
+
 /// A reply compressed with gzip is stored as sent, its message flagged
 /// compressed; its replays carry `grpc-encoding` with it, or the client
 /// could not read them ("received message with compressed-flag but no
