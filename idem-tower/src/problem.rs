@@ -18,7 +18,7 @@ use crate::layer::grpc;
 ///
 /// | problem | gRPC status |
 /// |---|---|
-/// | key missing or invalid, body unreadable | `INVALID_ARGUMENT` (3) |
+/// | key missing or invalid, body unreadable or not in its encoding | `INVALID_ARGUMENT` (3) |
 /// | message over the cap | `RESOURCE_EXHAUSTED` (8) |
 /// | key reused for another request | `FAILED_PRECONDITION` (9): not retried, use a new key |
 /// | in flight | `ABORTED` (10), with `grpc-retry-pushback-ms`: retry the call with the same key |
@@ -34,6 +34,10 @@ pub enum Problem {
     KeyInvalid(String),
     /// 400: the request body could not be read.
     BodyUnreadable,
+    /// 400: the request body is not what its encoding says
+    /// (`Content-Encoding`, or a gRPC message flagged compressed with
+    /// `grpc-encoding`): it could not be decoded for its fingerprint.
+    BodyUndecodable(String),
     /// 413: the body is over the configured cap; nothing was claimed.
     BodyTooLarge {
         /// The cap, in bytes.
@@ -71,6 +75,7 @@ impl Problem {
             Self::KeyMissing(_) => "urn:idem:problem:key-missing",
             Self::KeyInvalid(_) => "urn:idem:problem:key-invalid",
             Self::BodyUnreadable => "urn:idem:problem:body-unreadable",
+            Self::BodyUndecodable(_) => "urn:idem:problem:body-undecodable",
             Self::BodyTooLarge { .. } => "urn:idem:problem:body-too-large",
             Self::FingerprintMismatch => "urn:idem:problem:fingerprint-mismatch",
             Self::InFlight { .. } => "urn:idem:problem:in-flight",
@@ -84,9 +89,10 @@ impl Problem {
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::KeyMissing(_) | Self::KeyInvalid(_) | Self::BodyUnreadable => {
-                StatusCode::BAD_REQUEST
-            }
+            Self::KeyMissing(_)
+            | Self::KeyInvalid(_)
+            | Self::BodyUnreadable
+            | Self::BodyUndecodable(_) => StatusCode::BAD_REQUEST,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::FingerprintMismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Self::InFlight { .. } | Self::NotReplayable => StatusCode::CONFLICT,
@@ -99,7 +105,10 @@ impl Problem {
     /// above).
     pub fn grpc_code(&self) -> u32 {
         match self {
-            Self::KeyMissing(_) | Self::KeyInvalid(_) | Self::BodyUnreadable => 3,
+            Self::KeyMissing(_)
+            | Self::KeyInvalid(_)
+            | Self::BodyUnreadable
+            | Self::BodyUndecodable(_) => 3,
             Self::BodyTooLarge { .. } => grpc::RESOURCE_EXHAUSTED,
             Self::FingerprintMismatch => 9,
             Self::InFlight { .. } => grpc::ABORTED,
@@ -129,6 +138,7 @@ impl Problem {
             Self::KeyMissing(_) => "Idempotency key missing",
             Self::KeyInvalid(_) => "Idempotency key invalid",
             Self::BodyUnreadable => "Request body unreadable",
+            Self::BodyUndecodable(_) => "Request body not in its encoding",
             Self::BodyTooLarge { .. } => "Request body too large",
             Self::FingerprintMismatch => "Idempotency key reused with a different request",
             Self::InFlight { .. } => "A request with this idempotency key is in progress",
@@ -145,6 +155,9 @@ impl Problem {
                 detail.clone()
             }
             Self::BodyUnreadable => "the request body ended early or could not be read".into(),
+            Self::BodyUndecodable(why) => {
+                format!("the request body could not be decoded as its encoding says: {why}")
+            }
             Self::BodyTooLarge { limit } => {
                 format!("the request body is larger than {limit} bytes")
             }
@@ -245,6 +258,7 @@ mod tests {
             (Problem::KeyMissing(String::new()), 3),
             (Problem::KeyInvalid(String::new()), 3),
             (Problem::BodyUnreadable, 3),
+            (Problem::BodyUndecodable(String::new()), 3),
             (Problem::BodyTooLarge { limit: 1 }, 8),
             (Problem::FingerprintMismatch, 9),
             (Problem::InFlight { retry_after: zero }, 10),
@@ -268,6 +282,7 @@ mod tests {
             Problem::KeyMissing(String::new()),
             Problem::KeyInvalid(String::new()),
             Problem::BodyUnreadable,
+            Problem::BodyUndecodable(String::new()),
             Problem::BodyTooLarge { limit: 1 },
             Problem::FingerprintMismatch,
             Problem::InFlight {
