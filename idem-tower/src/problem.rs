@@ -118,9 +118,10 @@ impl Problem {
         }
     }
 
-    /// `title: detail`, the `grpc-message` of this problem on a gRPC call.
+    /// `title: detail`, the `grpc-message` of this problem on a gRPC call,
+    /// in gRPC's words (`grpc-retry-pushback-ms`, not `Retry-After`).
     pub(crate) fn message(&self) -> String {
-        format!("{}: {}", self.title(), self.detail())
+        format!("{}: {}", self.title(), self.detail_on(true))
     }
 
     /// When to retry, for the problems that say.
@@ -149,7 +150,13 @@ impl Problem {
         }
     }
 
+    /// The detail of a problem+json answer.
     fn detail(&self) -> String {
+        self.detail_on(false)
+    }
+
+    /// The detail, in the words of the wire it is written for.
+    fn detail_on(&self, grpc: bool) -> String {
         match self {
             Self::KeyMissing(detail) | Self::KeyInvalid(detail) | Self::Misconfigured(detail) => {
                 detail.clone()
@@ -164,6 +171,11 @@ impl Problem {
             Self::FingerprintMismatch => {
                 "this key was first used with another method, route, query or body; \
                  use a new key for a new request"
+                    .into()
+            }
+            Self::InFlight { .. } if grpc => {
+                "the first call with this key has not finished; retry it with the same \
+                 key after the time given in grpc-retry-pushback-ms"
                     .into()
             }
             Self::InFlight { .. } => {
@@ -274,6 +286,25 @@ mod tests {
             );
             assert_eq!(problem.retry_after().is_some(), pushback, "{problem:?}");
         }
+    }
+
+    #[test]
+    fn grpc_messages_name_grpc_pushback_and_no_http_header() {
+        let zero = Duration::ZERO;
+        for problem in [
+            Problem::InFlight { retry_after: zero },
+            Problem::StoreUnavailable { retry_after: zero },
+            Problem::BodyTooLarge { limit: 1 },
+            Problem::FingerprintMismatch,
+            Problem::NotReplayable,
+            Problem::TransactionMissing,
+        ] {
+            let message = problem.message();
+            assert!(!message.contains("Retry-After"), "{message}");
+        }
+        let in_flight = Problem::InFlight { retry_after: zero };
+        assert!(in_flight.message().contains("grpc-retry-pushback-ms"));
+        assert!(in_flight.detail().contains("Retry-After"));
     }
 
     #[test]

@@ -458,7 +458,16 @@ async fn the_layers_answers_reach_a_tonic_client_as_statuses() {
     for call in racing {
         match call.await.unwrap() {
             Ok(_) => ok += 1,
-            Err(status) if status.code() == Code::Aborted => aborted += 1,
+            Err(status) if status.code() == Code::Aborted => {
+                // gRPC's words for gRPC callers: the pushback, no HTTP header.
+                assert!(
+                    status.message().contains("grpc-retry-pushback-ms"),
+                    "{status:?}"
+                );
+                assert!(!status.message().contains("Retry-After"), "{status:?}");
+                assert!(status.metadata().get("grpc-retry-pushback-ms").is_some());
+                aborted += 1;
+            }
             Err(status) => panic!("unexpected {status:?}"),
         }
     }
