@@ -89,11 +89,9 @@ impl Middleware for IdempotencyMiddleware {
             .and_then(reqwest::Body::as_bytes)
             .map_or(0, <[u8]>::len);
         if size > self.policy.max_body {
-            return Err(reqwest_middleware::Error::middleware(ClientError::new(
-                ClientErrorKind::BodyTooLarge,
-                0,
-                None,
-            )));
+            return Err(reqwest_middleware::Error::middleware(
+                ClientError::new(ClientErrorKind::BodyTooLarge, 0, None).with_report(key, origin),
+            ));
         }
 
         let mut schedule = Schedule::start(Arc::clone(&self.policy));
@@ -132,11 +130,14 @@ impl Middleware for IdempotencyMiddleware {
                 Err(elapsed) => (
                     Cause::Timeout,
                     None,
-                    Err(reqwest_middleware::Error::middleware(ClientError::new(
-                        ClientErrorKind::Exhausted(Cause::Timeout),
-                        attempts,
-                        Some(Box::new(elapsed)),
-                    ))),
+                    Err(reqwest_middleware::Error::middleware(
+                        ClientError::new(
+                            ClientErrorKind::Exhausted(Cause::Timeout),
+                            attempts,
+                            Some(Box::new(elapsed)),
+                        )
+                        .with_report(key.clone(), origin),
+                    )),
                 ),
             };
 

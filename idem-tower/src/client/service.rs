@@ -126,7 +126,9 @@ where
         .get(KEY_HEADER)
         .cloned()
         .filter(|_| origin != KeyOrigin::NotSent);
-    let body = buffer(body, policy.max_body).await?;
+    let body = buffer(body, policy.max_body)
+        .await
+        .map_err(|e| e.with_report(key.clone(), origin))?;
     let mut schedule = Schedule::start(policy);
 
     loop {
@@ -162,11 +164,12 @@ where
         let Some(wait) = schedule.retry(&span, cause, retry_after) else {
             return match attempt {
                 Attempt::Answered(response) => Ok(answer(response, attempts, key, origin)),
-                Attempt::Failed(cause, source) => Err(ClientError::new(
-                    ClientErrorKind::Exhausted(cause),
-                    attempts,
-                    source,
-                )),
+                Attempt::Failed(cause, source) => {
+                    Err(
+                        ClientError::new(ClientErrorKind::Exhausted(cause), attempts, source)
+                            .with_report(key, origin),
+                    )
+                }
             };
         };
         // The answer being retried is dropped (its connection closed or
@@ -219,6 +222,11 @@ fn answer<RB>(
     origin: KeyOrigin,
 ) -> Response<RB> {
     let delivery = RetryReport::new(attempts, response.headers(), key, origin);
+    // A gRPC error in the head (trailers-only) becomes a `tonic::Status`,
+    // which keeps the head's fields and not the extensions.
+    if crate::layer::grpc::status(response.headers()).is_some_and(|code| code != 0) {
+        delivery.mark(response.headers_mut());
+    }
     response.extensions_mut().insert(delivery);
     response
 }

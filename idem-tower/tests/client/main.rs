@@ -415,6 +415,12 @@ async fn connection_errors_are_retried_then_returned() {
     assert_eq!(error.kind(), ClientErrorKind::Exhausted(Cause::Connection));
     assert_eq!(error.attempts(), 3);
     assert!(std::error::Error::source(&error).is_some());
+    // The caller's report, without a response to carry it.
+    let report = error.report().expect("a report");
+    assert_eq!(report.attempts, 3);
+    assert_eq!(report.origin, KeyOrigin::Generated);
+    assert!(!report.replayed);
+    uuid::Uuid::parse_str(report.key.as_ref().unwrap().to_str().unwrap()).expect("its key");
 }
 
 #[tokio::test]
