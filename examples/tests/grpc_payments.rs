@@ -269,7 +269,7 @@ async fn the_client_layer_retries_unavailable_with_one_key_and_the_charge_runs_o
     let (channel, _health) = start(&payments, false).await;
     let policy =
         RetryPolicy::default().backoff(Duration::from_millis(5), Duration::from_millis(20));
-    let mut client = grpc_payments::client(channel, policy);
+    let mut client = grpc_payments::client(channel.clone(), policy);
     payments.fail_next(2);
     let reply = client
         .charge(charge(None, 300))
@@ -289,6 +289,26 @@ async fn the_client_layer_retries_unavailable_with_one_key_and_the_charge_runs_o
     let refused = client.charge(charge(None, -1)).await.unwrap_err();
     assert_eq!(refused.code(), Code::InvalidArgument);
     assert_eq!(payments.runs(), 4);
+    // A call that ends in a status still has its report.
+    let report = RetryReport::of_status(&refused).expect("a report in the status");
+    assert_eq!(report.attempts, 1);
+    assert_eq!(report.origin, KeyOrigin::Generated);
+    assert!(report.key.is_some());
+
+    // Retried to the end of its attempts: the last status, and its report.
+    payments.fail_next(2);
+    let mut limited = grpc_payments::client(
+        channel,
+        RetryPolicy::default()
+            .max_attempts(2)
+            .backoff(Duration::from_millis(5), Duration::from_millis(5)),
+    );
+    let unavailable = limited.charge(charge(Some("k-last"), 5)).await.unwrap_err();
+    assert_eq!(unavailable.code(), Code::Unavailable);
+    let report = RetryReport::of_status(&unavailable).expect("a report in the status");
+    assert_eq!(report.attempts, 2);
+    assert_eq!(report.origin, KeyOrigin::Caller);
+    assert_eq!(report.key.unwrap(), "k-last");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

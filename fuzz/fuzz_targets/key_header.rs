@@ -1,5 +1,6 @@
 //! The key header path: `idempotency-key` values as a client sends them
-//! (absent, repeated, empty, oversize, non-UTF-8) evaluated through the
+//! (absent, repeated, empty, oversize, non-UTF-8, quoted as the IETF draft
+//! writes them or bare) evaluated through the
 //! template `op:{tenant}:{header:idempotency-key}`, scoped to the caller (a
 //! user the template does not name is appended as `:@user=...`), checked
 //! against an
@@ -11,7 +12,9 @@
 use std::sync::LazyLock;
 
 use idem_core::{Fingerprint, FingerprintSpec, KeyError, KeyTemplate, Placeholder};
-use idem_fuzz::{FuzzRequest, KEY_HEADER, PartFault, escape, part_faults};
+use idem_fuzz::{
+    FuzzRequest, KEY_HEADER, PartFault, escape, key_faults, key_header_value, part_faults,
+};
 use libfuzzer_sys::fuzz_target;
 
 static TEMPLATE: LazyLock<KeyTemplate> = LazyLock::new(|| {
@@ -31,8 +34,12 @@ fn expected_fault(request: &FuzzRequest) -> Option<(Placeholder, Vec<PartFault>)
     match request.key_values.as_slice() {
         [] => return Some((header, vec![PartFault::Missing])),
         [value] => {
-            let faults = part_faults(value);
-            if !faults.is_empty() {
+            // `None` stands for "not a lone String", refused as NotAString.
+            let faults = match key_header_value(value) {
+                Ok(content) => key_faults(&content, value.starts_with(b"\"")),
+                Err(fault) => fault.into_iter().collect(),
+            };
+            if !faults.is_empty() || key_header_value(value).is_err() {
                 return Some((header, faults));
             }
         }
@@ -55,7 +62,8 @@ fn check_key(request: &FuzzRequest) {
     match (expected_fault(request), result) {
         (None, Ok(key)) => {
             let tenant = request.tenant.as_deref().unwrap();
-            let value = std::str::from_utf8(&request.key_values[0]).unwrap();
+            let content = key_header_value(&request.key_values[0]).unwrap();
+            let value = std::str::from_utf8(&content).unwrap();
             let mut composite = format!("op:{}:{}", escape(tenant), escape(value));
             if let Some(user) = request.user.as_deref().filter(|u| !u.is_empty()) {
                 composite.push_str(&format!(":@user={}", escape(user)));
@@ -72,6 +80,16 @@ fn check_key(request: &FuzzRequest) {
             let fault = match &err {
                 KeyError::Repeated(_) => {
                     assert!(request.key_values.len() > 1, "{err:?}");
+                    return;
+                }
+                // Not a lone String; or a bare value refused anyway, whose
+                // refusal says it is a list.
+                KeyError::NotAString { .. } => {
+                    assert!(
+                        key_header_value(&request.key_values[0]).is_err()
+                            || faults.contains(&PartFault::NotVisibleAscii),
+                        "{err:?}"
+                    );
                     return;
                 }
                 KeyError::Missing(_) => PartFault::Missing,

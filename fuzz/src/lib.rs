@@ -142,8 +142,9 @@ pub fn split_first_line(data: &[u8]) -> (&[u8], &[u8]) {
     }
 }
 
-/// The escaping that key templates document: `%`, `:`, `{` and `}` are
-/// percent-encoded, everything else is kept.
+/// The escaping that key templates document: `%`, `:`, `{`, `}` and the
+/// spaces a quoted key may hold are percent-encoded, everything else is
+/// kept.
 pub fn escape(value: &str) -> String {
     let mut out = String::with_capacity(value.len());
     for c in value.chars() {
@@ -152,6 +153,7 @@ pub fn escape(value: &str) -> String {
             ':' => out.push_str("%3A"),
             '{' => out.push_str("%7B"),
             '}' => out.push_str("%7D"),
+            ' ' => out.push_str("%20"),
             c => out.push(c),
         }
     }
@@ -171,6 +173,47 @@ pub fn part_faults(value: &[u8]) -> Vec<PartFault> {
     }
     if !value.iter().all(u8::is_ascii_graphic) {
         faults.push(PartFault::NotVisibleAscii);
+    }
+    faults
+}
+
+/// The key an `idempotency-key` value carries, by the rule of
+/// `idem-core/src/key/header.rs`, written here without a Structured Field
+/// parser: a value that starts with `"` is a String (`\"` and `\\` the
+/// only escapes, `%x20-7E` inside, nothing but spaces after the closing quote), its
+/// content the key; any other value is the key as written. `Err` with the
+/// fault of a value that is not a key (`None`: not a lone String).
+pub fn key_header_value(value: &[u8]) -> Result<Vec<u8>, Option<PartFault>> {
+    let Some(rest) = value.strip_prefix(b"\"") else {
+        return Ok(value.to_vec());
+    };
+    let mut content = Vec::new();
+    let mut bytes = rest.iter();
+    loop {
+        match bytes.next() {
+            None => return Err(None),
+            Some(b'"') => break,
+            Some(b'\\') => match bytes.next() {
+                Some(&b) if b == b'"' || b == b'\\' => content.push(b),
+                _ => return Err(None),
+            },
+            Some(&b) if (0x20..=0x7e).contains(&b) => content.push(b),
+            Some(_) => return Err(None),
+        }
+    }
+    // Spaces after the String are the field's, not the key's (RFC 9651).
+    if bytes.any(|&b| b != b' ') {
+        return Err(None);
+    }
+    Ok(content)
+}
+
+/// What a key header's content may be: [`part_faults`], with the spaces a
+/// quoted key may hold.
+pub fn key_faults(content: &[u8], quoted: bool) -> Vec<PartFault> {
+    let mut faults = part_faults(content);
+    if quoted && content.iter().all(|&b| b == b' ' || b.is_ascii_graphic()) {
+        faults.retain(|f| *f != PartFault::NotVisibleAscii);
     }
     faults
 }
@@ -258,6 +301,16 @@ mod seeds {
                 "key_header",
                 "seed-escaped",
                 b"T a:b{c}\nK %3A:{}\nQ b=2&a=1".to_vec(),
+            ),
+            (
+                "key_header",
+                "seed-quoted",
+                b"T acme\nK \"order \\\"7\\\" of 9\"\nB {}".to_vec(),
+            ),
+            (
+                "key_header",
+                "seed-quoted-params",
+                b"T acme\nK \"k-1\";x=1\nU u:1".to_vec(),
             ),
             ("key_header", "seed-too-long", long_key),
             ("key_header", "seed-no-tenant", b"K k1\nK \n".to_vec()),

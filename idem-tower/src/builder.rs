@@ -75,7 +75,8 @@ impl IdempotencyBuilder {
     /// `Content-Language`, `Content-Location`, `Location`, `ETag`,
     /// `Last-Modified`, `Link` and `Cache-Control`. Whatever the list, a
     /// replay always carries the stored body's encodings
-    /// (`Content-Encoding`, `grpc-encoding`) and gRPC's `grpc-status`,
+    /// (`Content-Encoding`, `grpc-encoding`; dropped with the body decoded
+    /// for a requester that does not accept them) and gRPC's `grpc-status`,
     /// `grpc-message` and `grpc-status-details-bin`.
     pub const DEFAULT_REPLAY_HEADERS: [HeaderName; 8] = [
         header::CONTENT_TYPE,

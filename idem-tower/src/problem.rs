@@ -18,7 +18,7 @@ use crate::layer::grpc;
 ///
 /// | problem | gRPC status |
 /// |---|---|
-/// | key missing or invalid, body unreadable | `INVALID_ARGUMENT` (3) |
+/// | key missing or invalid, body unreadable or not in its encoding | `INVALID_ARGUMENT` (3) |
 /// | message over the cap | `RESOURCE_EXHAUSTED` (8) |
 /// | key reused for another request | `FAILED_PRECONDITION` (9): not retried, use a new key |
 /// | in flight | `ABORTED` (10), with `grpc-retry-pushback-ms`: retry the call with the same key |
@@ -34,6 +34,10 @@ pub enum Problem {
     KeyInvalid(String),
     /// 400: the request body could not be read.
     BodyUnreadable,
+    /// 400: the request body is not what its encoding says
+    /// (`Content-Encoding`, or a gRPC message flagged compressed with
+    /// `grpc-encoding`): it could not be decoded for its fingerprint.
+    BodyUndecodable(String),
     /// 413: the body is over the configured cap; nothing was claimed.
     BodyTooLarge {
         /// The cap, in bytes.
@@ -71,6 +75,7 @@ impl Problem {
             Self::KeyMissing(_) => "urn:idem:problem:key-missing",
             Self::KeyInvalid(_) => "urn:idem:problem:key-invalid",
             Self::BodyUnreadable => "urn:idem:problem:body-unreadable",
+            Self::BodyUndecodable(_) => "urn:idem:problem:body-undecodable",
             Self::BodyTooLarge { .. } => "urn:idem:problem:body-too-large",
             Self::FingerprintMismatch => "urn:idem:problem:fingerprint-mismatch",
             Self::InFlight { .. } => "urn:idem:problem:in-flight",
@@ -84,9 +89,10 @@ impl Problem {
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::KeyMissing(_) | Self::KeyInvalid(_) | Self::BodyUnreadable => {
-                StatusCode::BAD_REQUEST
-            }
+            Self::KeyMissing(_)
+            | Self::KeyInvalid(_)
+            | Self::BodyUnreadable
+            | Self::BodyUndecodable(_) => StatusCode::BAD_REQUEST,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::FingerprintMismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Self::InFlight { .. } | Self::NotReplayable => StatusCode::CONFLICT,
@@ -99,7 +105,10 @@ impl Problem {
     /// above).
     pub fn grpc_code(&self) -> u32 {
         match self {
-            Self::KeyMissing(_) | Self::KeyInvalid(_) | Self::BodyUnreadable => 3,
+            Self::KeyMissing(_)
+            | Self::KeyInvalid(_)
+            | Self::BodyUnreadable
+            | Self::BodyUndecodable(_) => 3,
             Self::BodyTooLarge { .. } => grpc::RESOURCE_EXHAUSTED,
             Self::FingerprintMismatch => 9,
             Self::InFlight { .. } => grpc::ABORTED,
@@ -109,9 +118,10 @@ impl Problem {
         }
     }
 
-    /// `title: detail`, the `grpc-message` of this problem on a gRPC call.
+    /// `title: detail`, the `grpc-message` of this problem on a gRPC call,
+    /// in gRPC's words (`grpc-retry-pushback-ms`, not `Retry-After`).
     pub(crate) fn message(&self) -> String {
-        format!("{}: {}", self.title(), self.detail())
+        format!("{}: {}", self.title(), self.detail_on(true))
     }
 
     /// When to retry, for the problems that say.
@@ -129,6 +139,7 @@ impl Problem {
             Self::KeyMissing(_) => "Idempotency key missing",
             Self::KeyInvalid(_) => "Idempotency key invalid",
             Self::BodyUnreadable => "Request body unreadable",
+            Self::BodyUndecodable(_) => "Request body not in its encoding",
             Self::BodyTooLarge { .. } => "Request body too large",
             Self::FingerprintMismatch => "Idempotency key reused with a different request",
             Self::InFlight { .. } => "A request with this idempotency key is in progress",
@@ -139,18 +150,32 @@ impl Problem {
         }
     }
 
+    /// The detail of a problem+json answer.
     fn detail(&self) -> String {
+        self.detail_on(false)
+    }
+
+    /// The detail, in the words of the wire it is written for.
+    fn detail_on(&self, grpc: bool) -> String {
         match self {
             Self::KeyMissing(detail) | Self::KeyInvalid(detail) | Self::Misconfigured(detail) => {
                 detail.clone()
             }
             Self::BodyUnreadable => "the request body ended early or could not be read".into(),
+            Self::BodyUndecodable(why) => {
+                format!("the request body could not be decoded as its encoding says: {why}")
+            }
             Self::BodyTooLarge { limit } => {
                 format!("the request body is larger than {limit} bytes")
             }
             Self::FingerprintMismatch => {
                 "this key was first used with another method, route, query or body; \
                  use a new key for a new request"
+                    .into()
+            }
+            Self::InFlight { .. } if grpc => {
+                "the first call with this key has not finished; retry it with the same \
+                 key after the time given in grpc-retry-pushback-ms"
                     .into()
             }
             Self::InFlight { .. } => {
@@ -245,6 +270,7 @@ mod tests {
             (Problem::KeyMissing(String::new()), 3),
             (Problem::KeyInvalid(String::new()), 3),
             (Problem::BodyUnreadable, 3),
+            (Problem::BodyUndecodable(String::new()), 3),
             (Problem::BodyTooLarge { limit: 1 }, 8),
             (Problem::FingerprintMismatch, 9),
             (Problem::InFlight { retry_after: zero }, 10),
@@ -263,11 +289,31 @@ mod tests {
     }
 
     #[test]
+    fn grpc_messages_name_grpc_pushback_and_no_http_header() {
+        let zero = Duration::ZERO;
+        for problem in [
+            Problem::InFlight { retry_after: zero },
+            Problem::StoreUnavailable { retry_after: zero },
+            Problem::BodyTooLarge { limit: 1 },
+            Problem::FingerprintMismatch,
+            Problem::NotReplayable,
+            Problem::TransactionMissing,
+        ] {
+            let message = problem.message();
+            assert!(!message.contains("Retry-After"), "{message}");
+        }
+        let in_flight = Problem::InFlight { retry_after: zero };
+        assert!(in_flight.message().contains("grpc-retry-pushback-ms"));
+        assert!(in_flight.detail().contains("Retry-After"));
+    }
+
+    #[test]
     fn every_problem_has_its_own_type() {
         let all = [
             Problem::KeyMissing(String::new()),
             Problem::KeyInvalid(String::new()),
             Problem::BodyUnreadable,
+            Problem::BodyUndecodable(String::new()),
             Problem::BodyTooLarge { limit: 1 },
             Problem::FingerprintMismatch,
             Problem::InFlight {

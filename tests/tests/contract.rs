@@ -62,6 +62,8 @@ on_every_backend!(
     missing_key_is_400,
     key_of_256_characters_is_400,
     two_key_headers_are_400,
+    a_quoted_key_and_its_bare_form_are_one_order,
+    a_quoted_key_may_hold_spaces_and_takes_no_parameters,
     missing_tenant_is_400_naming_it,
     same_client_key_under_two_tenants_is_two_effects,
     same_client_key_under_two_users_is_two_effects,
@@ -227,6 +229,47 @@ async fn two_key_headers_are_400(h: Harness) {
     assert_eq!(reply.status, StatusCode::BAD_REQUEST);
     assert_eq!(reply.problem_type(), "urn:idem:problem:key-invalid");
     assert_eq!(h.app.calls.orders(), 0);
+}
+
+/// The IETF draft's form (`Idempotency-Key: "k"`, a Structured Field
+/// String) and Stripe's bare form of the same characters are one key: one
+/// order, the second request replayed.
+async fn a_quoted_key_and_its_bare_form_are_one_order(h: Harness) {
+    let quoted = h.send(h.order("acme", "quinn", "\"k-7\"", PRICE)).await;
+    let bare = h.send(h.order("acme", "quinn", "k-7", PRICE)).await;
+    assert_eq!(quoted.status, StatusCode::CREATED);
+    assert!(!quoted.replayed());
+    assert_eq!(bare.status, StatusCode::CREATED);
+    assert!(bare.replayed(), "{bare:?}");
+    assert_eq!(bare.body, quoted.body);
+    assert_eq!(h.app.calls.orders(), 1);
+    assert_eq!(
+        h.account("acme", "quinn").await,
+        (1, STARTING_BALANCE_CENTS - PRICE)
+    );
+}
+
+/// What a String may hold (spaces, escaped quotes) is a key; parameters
+/// and a list are a 400 that says why, and run nothing.
+async fn a_quoted_key_may_hold_spaces_and_takes_no_parameters(h: Harness) {
+    let spaced = r#""order \"7\" of 9""#;
+    let first = h.send(h.order("acme", "rae", spaced, PRICE)).await;
+    let again = h.send(h.order("acme", "rae", spaced, PRICE)).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    assert!(again.replayed(), "{again:?}");
+    assert_eq!(h.app.calls.orders(), 1);
+    for (value, why) in [
+        (r#""k-8";x=1"#, "parameters"),
+        (r#""k-8", "k-9""#, "list"),
+        (r#""k-8"#, "Structured Field String"),
+    ] {
+        let refused = h.send(h.order("acme", "rae", value, PRICE)).await;
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{value}");
+        assert_eq!(refused.problem_type(), "urn:idem:problem:key-invalid");
+        let detail = refused.json()["detail"].as_str().unwrap().to_owned();
+        assert!(detail.contains(why), "{value}: {detail}");
+    }
+    assert_eq!(h.app.calls.orders(), 1);
 }
 
 async fn missing_tenant_is_400_naming_it(h: Harness) {

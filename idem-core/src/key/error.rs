@@ -121,6 +121,15 @@ pub enum KeyError {
     },
     /// The value holds something other than visible ASCII.
     NotVisibleAscii(Placeholder),
+    /// The key header's value starts with `"` and is not one Structured
+    /// Field String (RFC 9651) without parameters, as the IETF draft
+    /// writes the key: parameters, a list, a broken String.
+    NotAString {
+        /// Which part (the key header).
+        placeholder: Placeholder,
+        /// What is wrong with it.
+        why: String,
+    },
     /// A `{body:...}` placeholder points at an object or array.
     NotScalar(Placeholder),
     /// The key or fingerprint reads the body as JSON, and it is not JSON.
@@ -135,7 +144,8 @@ impl KeyError {
             | Self::Repeated(p)
             | Self::NotVisibleAscii(p)
             | Self::NotScalar(p)
-            | Self::TooLong { placeholder: p, .. } => Some(p),
+            | Self::TooLong { placeholder: p, .. }
+            | Self::NotAString { placeholder: p, .. } => Some(p),
             Self::BodyNotJson => None,
         }
     }
@@ -154,6 +164,7 @@ impl fmt::Display for KeyError {
                 "{{{placeholder}}} is {len} bytes long; at most {MAX_PART_LEN} are allowed"
             ),
             Self::NotVisibleAscii(p) => write!(f, "{{{p}}} must be visible ASCII"),
+            Self::NotAString { placeholder, why } => write!(f, "{{{placeholder}}}: {why}"),
             Self::NotScalar(p) => {
                 write!(
                     f,

@@ -4,6 +4,7 @@
 //! or a key was refused.
 
 mod error;
+mod header;
 mod request;
 mod template;
 
@@ -51,7 +52,7 @@ impl KeyTemplate {
     /// Every placeholder must resolve: a missing part is an error naming it,
     /// never a shorter key. Values are escaped so that no choice of values can
     /// produce another request's key (`:`, `%`, `{` and `}` are
-    /// percent-encoded), and the composite is wrapped in a Redis Cluster hash
+    /// percent-encoded, and the spaces a quoted key header may hold), and the composite is wrapped in a Redis Cluster hash
     /// tag so all of one request's keys share a slot.
     ///
     /// A tenant or user the request has and the template does not name is
@@ -128,12 +129,13 @@ impl KeyTemplate {
 
 fn escape_into(out: &mut String, value: &str) {
     let mut rest = value;
-    while let Some(at) = rest.find(['%', ':', '{', '}']) {
+    while let Some(at) = rest.find(['%', ':', '{', '}', ' ']) {
         out.push_str(&rest[..at]);
         out.push_str(match rest.as_bytes()[at] {
             b'%' => "%25",
             b':' => "%3A",
             b'{' => "%7B",
+            b' ' => "%20",
             _ => "%7D",
         });
         rest = &rest[at + 1..];

@@ -4,9 +4,13 @@
 use std::borrow::Cow;
 use std::cell::OnceCell;
 
-use http::{HeaderMap, Method};
+use http::{HeaderMap, HeaderName, Method};
 
+use super::header::{self, Fault};
 use super::{KeyError, MAX_PART_LEN, Placeholder};
+
+/// The header the draft names, the key header unless a view says otherwise.
+static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
 /// What a key template (and a fingerprint) is evaluated against: the parts of
 /// one request that matter, borrowed from it.
@@ -30,6 +34,7 @@ pub struct RequestView<'a> {
     pub(crate) method: &'a Method,
     pub(crate) route: &'a str,
     pub(crate) headers: &'a HeaderMap,
+    key_header: &'a HeaderName,
     pub(crate) path_params: &'a [(String, String)],
     pub(crate) query: Option<&'a str>,
     pub(crate) body: &'a [u8],
@@ -45,6 +50,7 @@ impl<'a> RequestView<'a> {
             method,
             route,
             headers,
+            key_header: &IDEMPOTENCY_KEY,
             path_params: &[],
             query: None,
             body: &[],
@@ -52,6 +58,29 @@ impl<'a> RequestView<'a> {
             user: None,
             json: OnceCell::new(),
         }
+    }
+
+    /// The header that carries the idempotency key, read as the IETF draft
+    /// writes it (`idempotency-key` unless set): a `{header:...}` of this
+    /// name takes a quoted Structured Field String (`"abc-1"`, which may
+    /// hold spaces) or the bare form (`abc-1`), and the same characters in
+    /// either form are one key. Every other header is taken as written.
+    ///
+    /// ```
+    /// use http::{HeaderMap, HeaderName, Method};
+    /// use idem_core::{KeyTemplate, RequestView};
+    ///
+    /// let template: KeyTemplate = "op:{header:x-op-key}".parse()?;
+    /// let name = HeaderName::from_static("x-op-key");
+    /// let mut quoted = HeaderMap::new();
+    /// quoted.insert(&name, "\"order 7 of 9\"".parse().unwrap());
+    /// let request = RequestView::new(&Method::POST, "/orders", &quoted).key_header(&name);
+    /// assert_eq!(template.evaluate(&request, "idem:")?.as_str(), "idem:{op:order%207%20of%209}");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn key_header(mut self, name: &'a HeaderName) -> Self {
+        self.key_header = name;
+        self
     }
 
     /// The matched route's path parameters, as name and decoded value.
@@ -103,9 +132,11 @@ impl<'a> RequestView<'a> {
     }
 
     /// The value of `placeholder` in this request, checked: present, at
-    /// most [`MAX_PART_LEN`] bytes of visible ASCII.
+    /// most [`MAX_PART_LEN`] bytes of visible ASCII (spaces too in a quoted
+    /// key header, `header.rs`).
     pub(super) fn resolve(&self, placeholder: &Placeholder) -> Result<Cow<'a, str>, KeyError> {
         let missing = || KeyError::Missing(placeholder.clone());
+        let mut spaces_allowed = false;
         let value = match placeholder {
             Placeholder::Tenant => Cow::Borrowed(self.tenant.ok_or_else(missing)?),
             Placeholder::User => Cow::Borrowed(self.user.ok_or_else(missing)?),
@@ -117,11 +148,22 @@ impl<'a> RequestView<'a> {
                 if values.next().is_some() {
                     return Err(KeyError::Repeated(placeholder.clone()));
                 }
-                Cow::Borrowed(
-                    value
-                        .to_str()
-                        .map_err(|_| KeyError::NotVisibleAscii(placeholder.clone()))?,
-                )
+                if name == self.key_header {
+                    spaces_allowed = true;
+                    header::key_of(value).map_err(|fault| match fault {
+                        Fault::NotVisibleAscii => KeyError::NotVisibleAscii(placeholder.clone()),
+                        Fault::NotAString(why) => KeyError::NotAString {
+                            placeholder: placeholder.clone(),
+                            why,
+                        },
+                    })?
+                } else {
+                    Cow::Borrowed(
+                        value
+                            .to_str()
+                            .map_err(|_| KeyError::NotVisibleAscii(placeholder.clone()))?,
+                    )
+                }
             }
             Placeholder::Path(name) => self
                 .path_params
@@ -159,7 +201,10 @@ impl<'a> RequestView<'a> {
                 len: value.len(),
             });
         }
-        if !value.bytes().all(|b| b.is_ascii_graphic()) {
+        if !value
+            .bytes()
+            .all(|b| b.is_ascii_graphic() || (spaces_allowed && b == b' '))
+        {
             return Err(KeyError::NotVisibleAscii(placeholder.clone()));
         }
         Ok(value)

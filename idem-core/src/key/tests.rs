@@ -223,3 +223,62 @@ fn stored_key_is_namespaced_and_hash_tagged() {
     assert_eq!(key.redacted().len(), 16);
     assert!(!format!("{key:?}").contains("op:"));
 }
+
+#[test]
+fn a_quoted_key_header_and_its_bare_form_are_one_key() {
+    let t = KeyTemplate::parse("o:{header:idempotency-key}:{header:x-other}").unwrap();
+    let eval = |key: &str, other: &str| {
+        let h = headers(&[("idempotency-key", key), ("x-other", other)]);
+        t.evaluate(&RequestView::new(&Method::POST, "/", &h), "idem:")
+            .map(|k| k.as_str().to_owned())
+    };
+    assert_eq!(eval("\"abc-1\"", "x").unwrap(), eval("abc-1", "x").unwrap());
+    assert_eq!(eval("\"abc-1\"", "x").unwrap(), "idem:{o:abc-1:x}");
+    // Only the key header is read as the draft writes it.
+    assert_eq!(eval("k", "\"x\"").unwrap(), "idem:{o:k:\"x\"}");
+    // A String's spaces and escapes are kept, and escaped in the stored key:
+    // no quoted key is another's bare one.
+    assert_eq!(
+        eval(r#""order 7 of 9""#, "x").unwrap(),
+        "idem:{o:order%207%20of%209:x}"
+    );
+    assert_eq!(eval(r#""a\"b:c""#, "x").unwrap(), "idem:{o:a\"b%3Ac:x}");
+    assert_ne!(eval(r#""a b""#, "x").unwrap(), eval("a%20b", "x").unwrap());
+    // `""` is no key, as an empty header is none.
+    assert!(matches!(eval(r#""""#, "x"), Err(KeyError::Missing(_))));
+    let err = eval(r#""abc-1";x=1"#, "x").unwrap_err();
+    assert!(
+        matches!(&err, KeyError::NotAString { placeholder: Placeholder::Header(n), .. } if n == "idempotency-key"),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("no parameters"), "{err}");
+    // The cap counts the key, not its quotes.
+    let long = "k".repeat(MAX_PART_LEN);
+    assert!(eval(&format!("\"{long}\""), "x").is_ok());
+    assert!(matches!(
+        eval(&format!("\"{long}k\""), "x"),
+        Err(KeyError::TooLong { .. })
+    ));
+    // Spaces stay refused outside a quoted key.
+    assert!(matches!(
+        eval("k", "a b"),
+        Err(KeyError::NotVisibleAscii(_))
+    ));
+}
+
+#[test]
+fn the_key_header_can_be_another_header() {
+    let t = KeyTemplate::parse("o:{header:x-key}").unwrap();
+    let h = headers(&[("x-key", "\"k 1\"")]);
+    let name = http::HeaderName::from_static("x-key");
+    let default = RequestView::new(&Method::POST, "/", &h);
+    assert!(matches!(
+        t.evaluate(&default, "idem:"),
+        Err(KeyError::NotVisibleAscii(_))
+    ));
+    let configured = RequestView::new(&Method::POST, "/", &h).key_header(&name);
+    assert_eq!(
+        t.evaluate(&configured, "idem:").unwrap().composite(),
+        "o:k%201"
+    );
+}

@@ -24,6 +24,35 @@ pub enum KeyKind {
     V7,
 }
 
+/// How a key is written in the `Idempotency-Key` header.
+///
+/// Bare by default (`Idempotency-Key: 8e03978e-...`): that is what Stripe
+/// and most servers built before the IETF draft read, taking the header's
+/// value as written, so a quoted key would reach them as another key, quotes
+/// included (or be refused). The draft
+/// (draft-ietf-httpapi-idempotency-key-header) writes the key as a
+/// Structured Field String, quoted; a server that follows it reads a
+/// generated key (a UUID, nothing in it to escape) the same in either form,
+/// and idem's own layer takes both as one key. Choose
+/// [`Quoted`](Self::Quoted) for a server that insists on the draft's form.
+///
+/// ```
+/// use idem_tower::client::{IdempotencyClientLayer, KeyForm, RetryPolicy};
+///
+/// let layer = IdempotencyClientLayer::new(RetryPolicy::default()).key_form(KeyForm::Quoted);
+/// # let _ = layer;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum KeyForm {
+    /// `Idempotency-Key: 8e03978e-...`, as most servers read it.
+    #[default]
+    Bare,
+    /// `Idempotency-Key: "8e03978e-..."`, the IETF draft's Structured
+    /// Field String.
+    Quoted,
+}
+
 /// An `Idempotency-Key` for one business operation: make it once, when the
 /// operation starts, and send it with every call that performs it.
 ///
@@ -72,9 +101,37 @@ impl OperationKey {
         KEY_HEADER
     }
 
-    /// The key as a header value.
+    /// The key as a header value, bare (see [`KeyForm`]).
     pub fn header_value(&self) -> HeaderValue {
         self.0.clone()
+    }
+
+    /// The key as a header value in `form`: bare, or quoted as the IETF
+    /// draft writes it, `"` and `\` escaped.
+    ///
+    /// ```
+    /// use idem_tower::client::{KeyForm, OperationKey};
+    ///
+    /// let key = OperationKey::from_caller("order-42").unwrap();
+    /// assert_eq!(key.header_value_in(KeyForm::Quoted), "\"order-42\"");
+    /// assert_eq!(key.header_value_in(KeyForm::Bare), "order-42");
+    /// ```
+    pub fn header_value_in(&self, form: KeyForm) -> HeaderValue {
+        match form {
+            KeyForm::Bare => self.header_value(),
+            KeyForm::Quoted => {
+                let mut quoted = Vec::with_capacity(self.0.len() + 2);
+                quoted.push(b'"');
+                for &b in self.0.as_bytes() {
+                    if b == b'"' || b == b'\\' {
+                        quoted.push(b'\\');
+                    }
+                    quoted.push(b);
+                }
+                quoted.push(b'"');
+                HeaderValue::from_bytes(&quoted).expect("a header value, quoted, is one")
+            }
+        }
     }
 
     /// The key as text.
@@ -94,17 +151,28 @@ pub enum KeyOrigin {
     NotSent,
 }
 
+/// How the layer makes and writes the keys it generates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct KeyStyle {
+    pub(crate) kind: KeyKind,
+    pub(crate) form: KeyForm,
+}
+
 /// Makes sure a request of this method carries a key, once, before its
-/// first attempt: the caller's if `Idempotency-Key` is already there, else
-/// a new one of `kind`. Every retry then re-sends these same headers.
-pub(crate) fn ensure(method: &Method, headers: &mut HeaderMap, kind: KeyKind) -> KeyOrigin {
+/// first attempt: the caller's if `Idempotency-Key` is already there (as
+/// the caller wrote it), else a new one of `kind`, written in `form`.
+/// Every retry then re-sends these same headers.
+pub(crate) fn ensure(method: &Method, headers: &mut HeaderMap, style: KeyStyle) -> KeyOrigin {
     if method.is_safe() {
         return KeyOrigin::NotSent;
     }
     if headers.contains_key(KEY_HEADER) {
         return KeyOrigin::Caller;
     }
-    headers.insert(KEY_HEADER, OperationKey::generate(kind).header_value());
+    headers.insert(
+        KEY_HEADER,
+        OperationKey::generate(style.kind).header_value_in(style.form),
+    );
     KeyOrigin::Generated
 }
 
@@ -117,7 +185,14 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert(KEY_HEADER, HeaderValue::from_static("order-42"));
         assert_eq!(
-            ensure(&Method::POST, &mut headers, KeyKind::V4),
+            ensure(
+                &Method::POST,
+                &mut headers,
+                KeyStyle {
+                    kind: KeyKind::V4,
+                    form: KeyForm::Bare
+                }
+            ),
             KeyOrigin::Caller
         );
         assert_eq!(headers[KEY_HEADER], "order-42");
@@ -129,7 +204,14 @@ mod tests {
         for kind in [KeyKind::V4, KeyKind::V7] {
             let mut headers = HeaderMap::new();
             assert_eq!(
-                ensure(&Method::POST, &mut headers, kind),
+                ensure(
+                    &Method::POST,
+                    &mut headers,
+                    KeyStyle {
+                        kind,
+                        form: KeyForm::Bare
+                    }
+                ),
                 KeyOrigin::Generated
             );
             let key = headers[KEY_HEADER].clone();
@@ -140,7 +222,17 @@ mod tests {
             };
             assert_eq!(uuid.get_version_num(), version);
             // A second pass (a retry) finds it and keeps it.
-            assert_eq!(ensure(&Method::POST, &mut headers, kind), KeyOrigin::Caller);
+            assert_eq!(
+                ensure(
+                    &Method::POST,
+                    &mut headers,
+                    KeyStyle {
+                        kind,
+                        form: KeyForm::Bare
+                    }
+                ),
+                KeyOrigin::Caller
+            );
             assert_eq!(headers[KEY_HEADER], key);
         }
     }
@@ -150,11 +242,36 @@ mod tests {
         for method in [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE] {
             let mut headers = HeaderMap::new();
             assert_eq!(
-                ensure(&method, &mut headers, KeyKind::V4),
+                ensure(
+                    &method,
+                    &mut headers,
+                    KeyStyle {
+                        kind: KeyKind::V4,
+                        form: KeyForm::Bare
+                    }
+                ),
                 KeyOrigin::NotSent
             );
             assert!(headers.is_empty());
         }
+    }
+
+    #[test]
+    fn a_generated_key_is_quoted_when_asked() {
+        let mut headers = HeaderMap::new();
+        ensure(
+            &Method::POST,
+            &mut headers,
+            KeyStyle {
+                kind: KeyKind::V4,
+                form: KeyForm::Quoted,
+            },
+        );
+        let key = headers[KEY_HEADER].to_str().unwrap();
+        let inner = key.strip_prefix('"').and_then(|k| k.strip_suffix('"'));
+        uuid::Uuid::parse_str(inner.expect("quoted")).expect("a UUID");
+        let odd = OperationKey::from_caller(r#"a"b\c"#).unwrap();
+        assert_eq!(odd.header_value_in(KeyForm::Quoted), r#""a\"b\\c""#);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use tower::Layer;
 
-use super::key::KeyKind;
+use super::key::{KeyForm, KeyKind, KeyStyle};
 use super::policy::RetryPolicy;
 use super::service::IdempotencyClient;
 
@@ -31,7 +31,7 @@ use super::service::IdempotencyClient;
 /// ```
 pub struct IdempotencyClientLayer<IB = Full<Bytes>> {
     policy: Arc<RetryPolicy>,
-    kind: KeyKind,
+    keys: KeyStyle,
     body: PhantomData<fn() -> IB>,
 }
 
@@ -77,14 +77,22 @@ impl<IB> IdempotencyClientLayer<IB> {
     fn with_body(policy: RetryPolicy) -> Self {
         Self {
             policy: Arc::new(policy),
-            kind: KeyKind::default(),
+            keys: KeyStyle::default(),
             body: PhantomData,
         }
     }
 
     /// The kind of key generated for a request that carries none.
     pub fn key_kind(mut self, kind: KeyKind) -> Self {
-        self.kind = kind;
+        self.keys.kind = kind;
+        self
+    }
+
+    /// How a generated key is written: bare (the default, what most
+    /// servers read) or quoted as the IETF draft writes it ([`KeyForm`]).
+    /// A key the caller sets is sent as the caller wrote it.
+    pub fn key_form(mut self, form: KeyForm) -> Self {
+        self.keys.form = form;
         self
     }
 }
@@ -99,7 +107,7 @@ impl<IB> Clone for IdempotencyClientLayer<IB> {
     fn clone(&self) -> Self {
         Self {
             policy: Arc::clone(&self.policy),
-            kind: self.kind,
+            keys: self.keys,
             body: PhantomData,
         }
     }
@@ -109,7 +117,7 @@ impl<IB> fmt::Debug for IdempotencyClientLayer<IB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyClientLayer")
             .field("policy", &self.policy)
-            .field("kind", &self.kind)
+            .field("keys", &self.keys)
             .finish()
     }
 }
@@ -118,6 +126,6 @@ impl<S, IB> Layer<S> for IdempotencyClientLayer<IB> {
     type Service = IdempotencyClient<S, IB>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        IdempotencyClient::new(inner, Arc::clone(&self.policy), self.kind)
+        IdempotencyClient::new(inner, Arc::clone(&self.policy), self.keys)
     }
 }

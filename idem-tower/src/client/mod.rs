@@ -55,7 +55,7 @@ mod report;
 mod reqwest;
 mod service;
 
-pub use key::{KEY_HEADER, KeyKind, KeyOrigin, OperationKey};
+pub use key::{KEY_HEADER, KeyForm, KeyKind, KeyOrigin, OperationKey};
 pub use layer::IdempotencyClientLayer;
 pub use policy::{Cause, RetryPolicy, Verdict, retry_after};
 pub use report::{ClientError, ClientErrorKind, RetryReport};

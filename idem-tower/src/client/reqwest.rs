@@ -9,7 +9,7 @@ use reqwest_middleware::{Middleware, Next};
 use tracing::Instrument;
 
 use super::attempt::{Schedule, within};
-use super::key::{self, KEY_HEADER, KeyKind, KeyOrigin};
+use super::key::{self, KEY_HEADER, KeyForm, KeyKind, KeyOrigin, KeyStyle};
 use super::policy::{Cause, RetryPolicy, Verdict};
 use super::report::{ClientError, ClientErrorKind, RetryReport};
 
@@ -32,7 +32,7 @@ use super::report::{ClientError, ClientErrorKind, RetryReport};
 #[derive(Debug, Clone, Default)]
 pub struct IdempotencyMiddleware {
     policy: Arc<RetryPolicy>,
-    kind: KeyKind,
+    keys: KeyStyle,
 }
 
 impl IdempotencyMiddleware {
@@ -40,13 +40,20 @@ impl IdempotencyMiddleware {
     pub fn new(policy: RetryPolicy) -> Self {
         Self {
             policy: Arc::new(policy),
-            kind: KeyKind::default(),
+            keys: KeyStyle::default(),
         }
     }
 
     /// The kind of key generated for a request that carries none.
     pub fn key_kind(mut self, kind: KeyKind) -> Self {
-        self.kind = kind;
+        self.keys.kind = kind;
+        self
+    }
+
+    /// How a generated key is written: bare (the default, what most
+    /// servers read) or quoted as the IETF draft writes it ([`KeyForm`]).
+    pub fn key_form(mut self, form: KeyForm) -> Self {
+        self.keys.form = form;
         self
     }
 }
@@ -71,7 +78,7 @@ impl Middleware for IdempotencyMiddleware {
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
         // Once per logical request, never per attempt.
-        let origin = key::ensure(&request.method().clone(), request.headers_mut(), self.kind);
+        let origin = key::ensure(&request.method().clone(), request.headers_mut(), self.keys);
         let key = request
             .headers()
             .get(KEY_HEADER)
@@ -82,11 +89,9 @@ impl Middleware for IdempotencyMiddleware {
             .and_then(reqwest::Body::as_bytes)
             .map_or(0, <[u8]>::len);
         if size > self.policy.max_body {
-            return Err(reqwest_middleware::Error::middleware(ClientError::new(
-                ClientErrorKind::BodyTooLarge,
-                0,
-                None,
-            )));
+            return Err(reqwest_middleware::Error::middleware(
+                ClientError::new(ClientErrorKind::BodyTooLarge, 0, None).with_report(key, origin),
+            ));
         }
 
         let mut schedule = Schedule::start(Arc::clone(&self.policy));
@@ -125,11 +130,14 @@ impl Middleware for IdempotencyMiddleware {
                 Err(elapsed) => (
                     Cause::Timeout,
                     None,
-                    Err(reqwest_middleware::Error::middleware(ClientError::new(
-                        ClientErrorKind::Exhausted(Cause::Timeout),
-                        attempts,
-                        Some(Box::new(elapsed)),
-                    ))),
+                    Err(reqwest_middleware::Error::middleware(
+                        ClientError::new(
+                            ClientErrorKind::Exhausted(Cause::Timeout),
+                            attempts,
+                            Some(Box::new(elapsed)),
+                        )
+                        .with_report(key.clone(), origin),
+                    )),
                 ),
             };
 

@@ -18,7 +18,7 @@ use tower::Service;
 use tracing::Instrument;
 
 use super::attempt::{Schedule, within};
-use super::key::{self, KEY_HEADER, KeyKind, KeyOrigin};
+use super::key::{self, KEY_HEADER, KeyOrigin, KeyStyle};
 use super::policy::{Cause, RetryPolicy, Verdict};
 use super::report::{ClientError, ClientErrorKind, RetryReport};
 use crate::layer::RebuildBody;
@@ -36,13 +36,13 @@ use crate::layer::RebuildBody;
 pub struct IdempotencyClient<S, IB = Full<Bytes>> {
     inner: S,
     policy: Arc<RetryPolicy>,
-    kind: KeyKind,
+    keys: KeyStyle,
     body: PhantomData<fn() -> IB>,
 }
 
 impl<S: Clone, IB> Clone for IdempotencyClient<S, IB> {
     fn clone(&self) -> Self {
-        Self::new(self.inner.clone(), Arc::clone(&self.policy), self.kind)
+        Self::new(self.inner.clone(), Arc::clone(&self.policy), self.keys)
     }
 }
 
@@ -51,17 +51,17 @@ impl<S: fmt::Debug, IB> fmt::Debug for IdempotencyClient<S, IB> {
         f.debug_struct("IdempotencyClient")
             .field("inner", &self.inner)
             .field("policy", &self.policy)
-            .field("kind", &self.kind)
+            .field("keys", &self.keys)
             .finish()
     }
 }
 
 impl<S, IB> IdempotencyClient<S, IB> {
-    pub(crate) fn new(inner: S, policy: Arc<RetryPolicy>, kind: KeyKind) -> Self {
+    pub(crate) fn new(inner: S, policy: Arc<RetryPolicy>, keys: KeyStyle) -> Self {
         Self {
             inner,
             policy,
-            kind,
+            keys,
             body: PhantomData,
         }
     }
@@ -95,7 +95,7 @@ where
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let inner = self.inner.clone();
         let policy = Arc::clone(&self.policy);
-        Box::pin(deliver(inner, policy, self.kind, request))
+        Box::pin(deliver(inner, policy, self.keys, request))
     }
 }
 
@@ -108,7 +108,7 @@ enum Attempt<RB> {
 async fn deliver<S, B, IB, RB>(
     inner: S,
     policy: Arc<RetryPolicy>,
-    kind: KeyKind,
+    keys: KeyStyle,
     request: Request<B>,
 ) -> Result<Response<RB>, ClientError>
 where
@@ -120,13 +120,15 @@ where
 {
     let (mut parts, body) = request.into_parts();
     // Once per logical request, never per attempt.
-    let origin = key::ensure(&parts.method, &mut parts.headers, kind);
+    let origin = key::ensure(&parts.method, &mut parts.headers, keys);
     let key = parts
         .headers
         .get(KEY_HEADER)
         .cloned()
         .filter(|_| origin != KeyOrigin::NotSent);
-    let body = buffer(body, policy.max_body).await?;
+    let body = buffer(body, policy.max_body)
+        .await
+        .map_err(|e| e.with_report(key.clone(), origin))?;
     let mut schedule = Schedule::start(policy);
 
     loop {
@@ -162,11 +164,12 @@ where
         let Some(wait) = schedule.retry(&span, cause, retry_after) else {
             return match attempt {
                 Attempt::Answered(response) => Ok(answer(response, attempts, key, origin)),
-                Attempt::Failed(cause, source) => Err(ClientError::new(
-                    ClientErrorKind::Exhausted(cause),
-                    attempts,
-                    source,
-                )),
+                Attempt::Failed(cause, source) => {
+                    Err(
+                        ClientError::new(ClientErrorKind::Exhausted(cause), attempts, source)
+                            .with_report(key, origin),
+                    )
+                }
             };
         };
         // The answer being retried is dropped (its connection closed or
@@ -219,6 +222,11 @@ fn answer<RB>(
     origin: KeyOrigin,
 ) -> Response<RB> {
     let delivery = RetryReport::new(attempts, response.headers(), key, origin);
+    // A gRPC error in the head (trailers-only) becomes a `tonic::Status`,
+    // which keeps the head's fields and not the extensions.
+    if crate::layer::grpc::status(response.headers()).is_some_and(|code| code != 0) {
+        delivery.mark(response.headers_mut());
+    }
     response.extensions_mut().insert(delivery);
     response
 }

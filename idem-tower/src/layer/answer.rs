@@ -7,6 +7,7 @@ use http::{HeaderValue, Response};
 use http_body::Body;
 use idem_core::{Duplicate, Outcome, StoredResponse};
 
+use super::encoding::{self, Accepts};
 use super::grpc;
 use super::layer::Settings;
 use crate::Idempotency;
@@ -51,9 +52,10 @@ impl Answer {
                     "the caller's identity was refused; nothing claimed"
                 );
                 metrics::request(Handled::NotRun, route);
-                match wire {
-                    Wire::Http => rejection.map(ResponseBody::full),
-                    Wire::Grpc => grpc::refusal(rejection.status()),
+                if wire.grpc {
+                    grpc::refusal(rejection.status())
+                } else {
+                    rejection.map(ResponseBody::full)
                 }
             }
             Self::Rejected(problem) => {
@@ -99,7 +101,7 @@ fn duplicate<B: Body>(
                 status = stored.status().as_u16(),
                 "replayed stored response"
             );
-            replay(stored)
+            replay(stored, wire.accepts)
         }
         Duplicate::Replay(Outcome::NotReplayable) => {
             metrics::request(Handled::NotReplayable, route);
@@ -124,41 +126,44 @@ fn duplicate<B: Body>(
 
 /// What a request's answers are written as, from its head: gRPC calls
 /// (`content-type: application/grpc*`) read the layer's own answers as
-/// trailers-only gRPC statuses, everything else as problem+json.
+/// trailers-only gRPC statuses, everything else as problem+json; and the
+/// encodings it reads a replay in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Wire {
-    Http,
-    Grpc,
+pub(super) struct Wire {
+    pub(super) grpc: bool,
+    accepts: Accepts,
 }
 
 impl Wire {
     /// The wire of a request with these headers.
     pub(super) fn of(headers: &http::HeaderMap) -> Self {
-        if grpc::is_grpc(headers) {
-            Self::Grpc
-        } else {
-            Self::Http
+        Self {
+            grpc: grpc::is_grpc(headers),
+            accepts: Accepts::of(headers),
         }
     }
 
     /// `problem` as the layer's own answer on this wire.
     fn problem<B: Body>(self, problem: Problem) -> Response<ResponseBody<B>> {
-        match self {
-            Self::Http => problem.to_response(),
-            Self::Grpc => grpc::trailers_only(
+        if self.grpc {
+            grpc::trailers_only(
                 problem.grpc_code(),
                 &problem.message(),
                 problem.retry_after(),
-            ),
+            )
+        } else {
+            problem.to_response()
         }
     }
 }
 
 /// The stored response as it was sent, its trailers too, marked
-/// `Idempotent-Replayed: true`.
-fn replay<B: Body>(stored: StoredResponse) -> Response<ResponseBody<B>> {
+/// `Idempotent-Replayed: true`; decoded if its requester does not read
+/// its encoding (`encoding.rs`).
+fn replay<B: Body>(stored: StoredResponse, accepts: Accepts) -> Response<ResponseBody<B>> {
     let trailers = stored.trailers().cloned();
-    let (status, headers, body) = stored.into_parts();
+    let (status, mut headers, body) = stored.into_parts();
+    let body = encoding::for_requester(&mut headers, body, accepts);
     let mut response = Response::new(ResponseBody::full_with_trailers(body, trailers));
     *response.status_mut() = status;
     *response.headers_mut() = headers;

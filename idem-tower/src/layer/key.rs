@@ -48,6 +48,7 @@ pub(super) fn target(
     let policy = &*settings.policy;
     let route = route.unwrap_or_else(|| Arc::from(parts.uri.path()));
     let view = RequestView::new(&parts.method, &route, &parts.headers)
+        .key_header(&settings.config().key_header)
         .path_params(params)
         .query(parts.uri.query())
         .body(body)
@@ -118,6 +119,7 @@ pub(super) fn absent_from_head(
     }
     // Only whether parts are present is read: the route plays no part.
     let view = RequestView::new(&parts.method, parts.uri.path(), &parts.headers)
+        .key_header(&settings.config().key_header)
         .path_params(params)
         .query(parts.uri.query());
     no_client_part(policy, &view)

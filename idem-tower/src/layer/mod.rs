@@ -82,6 +82,7 @@
 mod answer;
 mod body;
 mod claim;
+mod encoding;
 mod future;
 pub(crate) mod grpc;
 mod guard;

@@ -9,6 +9,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idem_core::{BoxError, KeyScope, Placeholder};
 
 use super::answer::Answer;
+use super::encoding::{self, Undecodable};
 use super::layer::Settings;
 use crate::problem::Problem;
 use crate::resolver::Unresolved;
@@ -104,4 +105,24 @@ where
         }
         Err(_) => Err(Answer::Rejected(Problem::BodyUnreadable)),
     }
+}
+
+/// The request's message as its key and fingerprint read it: decoded
+/// from the encoding it was sent in (`encoding.rs`), so a compressed
+/// first attempt and a plain retry are one request. Decoded past the body
+/// cap is 413 (a small bomb is no way around the cap); bytes that are not
+/// what their encoding says are 400; nothing claimed either way.
+pub(super) fn message(
+    settings: &Settings,
+    grpc: bool,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Bytes, Answer> {
+    let limit = settings.config().max_body;
+    encoding::decoded_request(grpc, headers, body, limit).map_err(|why| {
+        Answer::Rejected(match why {
+            Undecodable::TooLarge => Problem::BodyTooLarge { limit },
+            Undecodable::Corrupt(why) => Problem::BodyUndecodable(why),
+        })
+    })
 }

@@ -129,8 +129,13 @@ where
         Err(answer) => return Ok(answer.respond(&settings, &label, wire)),
     };
 
+    let message = match read::message(&settings, wire.grpc, &parts.headers, &body) {
+        Ok(message) => message,
+        Err(answer) => return Ok(answer.respond(&settings, &label, wire)),
+    };
+
     // Resolve the key; an optional key that is absent lets the request through.
-    let target = match key::target(&settings, &parts, &params, &body, route, &caller) {
+    let target = match key::target(&settings, &parts, &params, &message, route, &caller) {
         Ok(Some(target)) => target,
         Ok(None) => {
             tracing::debug!("no idempotency key on an optional route; passing through");

@@ -23,8 +23,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use hyper_util::rt::TokioExecutor;
 use idem_tower::client::{
-    Cause, ClientErrorKind, IdempotencyClient, IdempotencyClientLayer, KEY_HEADER, KeyOrigin,
-    RetryPolicy, RetryReport,
+    Cause, ClientErrorKind, IdempotencyClient, IdempotencyClientLayer, KEY_HEADER, KeyForm,
+    KeyOrigin, RetryPolicy, RetryReport,
 };
 use idem_tower::{Idempotency, MemoryStore};
 use tower::{Layer, ServiceExt};
@@ -232,6 +232,45 @@ async fn a_generated_key_is_made_once_and_kept_across_retries() {
     assert_eq!(server.runs(), 2);
 }
 
+/// `KeyForm::Quoted` sends the IETF draft's form, `"<uuid>"`, on every
+/// attempt; the server reads it as the same key as its bare form, so a later
+/// call with the bare key gets the replay.
+#[tokio::test]
+async fn a_quoted_key_is_sent_on_every_attempt_and_is_its_bare_form() {
+    let server = Server::default();
+    server.fail_first.store(1, Ordering::SeqCst);
+    let addr = server.start().await;
+    let quoted = IdempotencyClientLayer::new(quick())
+        .key_form(KeyForm::Quoted)
+        .layer(http());
+
+    let response = quoted
+        .oneshot(order(addr, None, r#"{"sku":"A-1"}"#))
+        .await
+        .expect("an answer");
+    let (status, delivery, first) = read(response).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(delivery.attempts, 2);
+    let sent = delivery.key.expect("a key").to_str().unwrap().to_owned();
+    let bare = sent.strip_prefix('"').and_then(|k| k.strip_suffix('"'));
+    uuid::Uuid::parse_str(bare.expect("quoted")).expect("a UUID");
+    let keys = server.keys.lock().unwrap().clone();
+    assert!(
+        keys.iter().all(|k| k.as_deref() == Some(sent.as_str())),
+        "{keys:?}"
+    );
+
+    let response = client(quick())
+        .oneshot(order(addr, bare, r#"{"sku":"A-1"}"#))
+        .await
+        .expect("an answer");
+    let (status, delivery, again) = read(response).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert!(delivery.replayed, "the bare form is the same key");
+    assert_eq!(again, first);
+    assert_eq!(server.runs(), 1);
+}
+
 #[tokio::test]
 async fn retries_stop_at_max_attempts_with_the_last_answer() {
     let server = Server::default();
@@ -376,6 +415,12 @@ async fn connection_errors_are_retried_then_returned() {
     assert_eq!(error.kind(), ClientErrorKind::Exhausted(Cause::Connection));
     assert_eq!(error.attempts(), 3);
     assert!(std::error::Error::source(&error).is_some());
+    // The caller's report, without a response to carry it.
+    let report = error.report().expect("a report");
+    assert_eq!(report.attempts, 3);
+    assert_eq!(report.origin, KeyOrigin::Generated);
+    assert!(!report.replayed);
+    uuid::Uuid::parse_str(report.key.as_ref().unwrap().to_str().unwrap()).expect("its key");
 }
 
 #[tokio::test]

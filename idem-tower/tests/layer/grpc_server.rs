@@ -236,6 +236,42 @@ async fn a_first_call_runs_once_and_its_replays_carry_its_status_and_reply() {
     }
 }
 
+/// `idempotency-key` metadata is read as the IETF draft writes the
+/// header: a quoted String and its bare form are one key, a String may hold
+/// spaces, and parameters are `INVALID_ARGUMENT` (nothing runs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_quoted_and_a_bare_key_are_one_call() {
+    let calls = Calls::default();
+    let channel = serve(Wiring::OneService, &calls).await;
+    let first = charge(&channel, Some("\"k-quoted\""), 500)
+        .await
+        .expect("OK");
+    assert!(!replayed(&first));
+    let bare = charge(&channel, Some("k-quoted"), 500).await.expect("OK");
+    assert!(replayed(&bare), "the bare form is the same key");
+    assert_eq!(bare.get_ref(), first.get_ref());
+    assert_eq!(calls.get(), 1, "one run for both forms");
+
+    let spaced = charge(&channel, Some("\"order 7 of 9\""), 500)
+        .await
+        .expect("OK");
+    let again = charge(&channel, Some("\"order 7 of 9\""), 500)
+        .await
+        .expect("OK");
+    assert!(!replayed(&spaced) && replayed(&again));
+    assert_eq!(calls.get(), 2);
+
+    let with_params = charge(&channel, Some("\"k-quoted\";x=1"), 500)
+        .await
+        .unwrap_err();
+    assert_eq!(with_params.code(), Code::InvalidArgument, "{with_params:?}");
+    assert!(
+        with_params.message().contains("parameters"),
+        "{with_params:?}"
+    );
+    assert_eq!(calls.get(), 2);
+}
+
 /// A reply compressed with gzip is stored as sent, its message flagged
 /// compressed; its replays carry `grpc-encoding` with it, or the client
 /// could not read them ("received message with compressed-flag but no
@@ -261,6 +297,111 @@ async fn a_compressed_reply_replays_with_its_encoding() {
         assert_eq!(again.get_ref(), first.get_ref());
     }
     assert_eq!(calls.get(), 1, "the handler ran once");
+}
+
+/// One `Charge` call that sends its message gzip-compressed or not, from
+/// a client that accepts gzip replies or not.
+async fn charge_encoded(
+    channel: &Channel,
+    key: &str,
+    amount_cents: i64,
+    send_gzip: bool,
+    accept_gzip: bool,
+) -> Result<tonic::Response<ChargeReply>, Status> {
+    let mut grpc = tonic::client::Grpc::new(channel.clone());
+    if send_gzip {
+        grpc = grpc.send_compressed(CompressionEncoding::Gzip);
+    }
+    if accept_gzip {
+        grpc = grpc.accept_compressed(CompressionEncoding::Gzip);
+    }
+    call_with(grpc, "/payments.Payments/Charge", Some(key), amount_cents).await
+}
+
+/// The fingerprint is taken on the decompressed message: a call sent
+/// gzip-compressed and its retry sent plain (or the other way round) are
+/// one call, whatever else the clients accept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gzip_call_and_its_plain_retry_are_one_call() {
+    let calls = Calls::default();
+    let channel = serve(Wiring::Gzip, &calls).await;
+    let first = charge_encoded(&channel, "k-z1", 500, true, true)
+        .await
+        .expect("OK");
+    let retry = charge_encoded(&channel, "k-z1", 500, false, true)
+        .await
+        .expect("the same call, replayed");
+    assert!(replayed(&retry));
+    assert_eq!(retry.get_ref(), first.get_ref());
+
+    charge_encoded(&channel, "k-z2", 500, false, false)
+        .await
+        .expect("OK");
+    let gzipped = charge_encoded(&channel, "k-z2", 500, true, false)
+        .await
+        .expect("the same call, replayed");
+    assert!(replayed(&gzipped));
+    assert_eq!(calls.get(), 2, "one run per key");
+}
+
+/// A reply stored gzip-compressed (its first client accepted gzip) is
+/// replayed decompressed, without `grpc-encoding`, to a client that does
+/// not accept gzip; as stored to one that does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_compressed_reply_is_replayed_decoded_to_a_client_without_gzip() {
+    let calls = Calls::default();
+    let channel = serve(Wiring::Gzip, &calls).await;
+    let first = charge_encoded(&channel, "k-z3", 500, false, true)
+        .await
+        .expect("OK");
+    assert_eq!(first.metadata().get("grpc-encoding").unwrap(), "gzip");
+    let plain = charge_encoded(&channel, "k-z3", 500, false, false)
+        .await
+        .expect("a reply the client can read");
+    assert!(replayed(&plain));
+    assert!(plain.metadata().get("grpc-encoding").is_none());
+    assert_eq!(plain.get_ref(), first.get_ref());
+    let gzipped = charge_encoded(&channel, "k-z3", 500, false, true)
+        .await
+        .expect("OK");
+    assert_eq!(gzipped.metadata().get("grpc-encoding").unwrap(), "gzip");
+    assert_eq!(gzipped.get_ref(), first.get_ref());
+    assert_eq!(calls.get(), 1);
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct PaddedChargeRequest {
+    #[prost(int64, tag = "1")]
+    amount_cents: i64,
+    /// Unknown to the server's `ChargeRequest`.
+    #[prost(bytes = "vec", tag = "2")]
+    padding: Vec<u8>,
+}
+
+/// A message of 10 MiB of zeros, a few kilobytes gzip-compressed, is over
+/// the layer's 1 MiB body cap once decompressed: `RESOURCE_EXHAUSTED`, the
+/// handler not called.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gzip_bomb_is_resource_exhausted_and_runs_nothing() {
+    let calls = Calls::default();
+    let channel = serve(Wiring::Gzip, &calls).await;
+    let mut grpc =
+        tonic::client::Grpc::new(channel.clone()).send_compressed(CompressionEncoding::Gzip);
+    grpc.ready().await.unwrap();
+    let mut request = tonic::Request::new(PaddedChargeRequest {
+        amount_cents: 500,
+        padding: vec![0; 10 << 20],
+    });
+    request
+        .metadata_mut()
+        .insert("idempotency-key", "k-bomb".parse().unwrap());
+    let path = PathAndQuery::from_static("/payments.Payments/Charge");
+    let refused = grpc
+        .unary::<_, ChargeReply, _>(request, path, ProstCodec::default())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert_eq!(calls.get(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -317,7 +458,16 @@ async fn the_layers_answers_reach_a_tonic_client_as_statuses() {
     for call in racing {
         match call.await.unwrap() {
             Ok(_) => ok += 1,
-            Err(status) if status.code() == Code::Aborted => aborted += 1,
+            Err(status) if status.code() == Code::Aborted => {
+                // gRPC's words for gRPC callers: the pushback, no HTTP header.
+                assert!(
+                    status.message().contains("grpc-retry-pushback-ms"),
+                    "{status:?}"
+                );
+                assert!(!status.message().contains("Retry-After"), "{status:?}");
+                assert!(status.metadata().get("grpc-retry-pushback-ms").is_some());
+                aborted += 1;
+            }
             Err(status) => panic!("unexpected {status:?}"),
         }
     }

@@ -15,6 +15,8 @@ mod fixtures;
 mod bodies;
 mod callers;
 #[cfg(feature = "axum")]
+mod compression;
+#[cfg(feature = "axum")]
 mod extractors;
 mod failures;
 mod foreign_store;
