@@ -82,6 +82,10 @@ pub struct GrpcGuideDoctests;
 pub struct OperationsGuideDoctests;
 
 #[cfg(doctest)]
+#[doc = include_str!("../../docs/poolers.md")]
+pub struct PoolersGuideDoctests;
+
+#[cfg(doctest)]
 #[doc = include_str!("../../docs/reference-app.md")]
 pub struct ReferenceAppGuideDoctests;
 
