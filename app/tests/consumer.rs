@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer::pull};
 use idem_app::consumer::{Ledger, Summary, Transfer, publish, stream};
-use idem_tower::core::conformance::{mysql_url, postgres_url, server_missing, server_url};
+use idem_test_support::{mysql_url, postgres_url, server_missing, server_url};
 
 /// Transfers published before the first consumer starts, and after it is
 /// killed.

@@ -9,8 +9,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use idem_tower::core::conformance::{mysql_url, postgres_url, redis_url, server_missing};
-use support::{Orders, account, handler_calls, unique};
+use idem_test_support::{mysql_url, postgres_url, redis_url, server_missing};
+use support::{account, handler_calls, unique};
 
 const STARTING_BALANCE: i64 = 100_000;
 const PRICE: i64 = 2_500;
@@ -27,7 +27,7 @@ fn order(base: &str, tenant: &str, delay_ms: Option<u64>) -> reqwest::RequestBui
 
 async fn kill_mid_handler_then_retry_once(database: &str, redis: Option<&str>) {
     let tenant = unique("crash");
-    let first = Orders::start(database, redis);
+    let first = support::start_orders(database, redis);
     let base = first.base.clone();
     let doomed = tokio::spawn({
         let (base, tenant) = (base.clone(), tenant.clone());
@@ -48,7 +48,7 @@ async fn kill_mid_handler_then_retry_once(database: &str, redis: Option<&str>) {
         "the client saw the connection die"
     );
 
-    let second = Orders::start(database, redis);
+    let second = support::start_orders(database, redis);
     assert_eq!(
         account(&second.base, &tenant, USER).await,
         (0, STARTING_BALANCE),

@@ -8,12 +8,13 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use idem_test_support::{redis_url, server_missing};
 use idem_tower::SqliteStore;
-use idem_tower::core::conformance::{acquire, fp, fresh_key, redis_url, server_missing};
+use idem_tower::core::conformance::{acquire, fp, fresh_key};
 use idem_tower::redis::redis;
 use idem_tower::sql::sqlx::{self, sqlite::SqliteConnectOptions, sqlite::SqlitePoolOptions};
 use serde_json::Value;
-use support::{Orders, account, metric, samples, scrape, unique};
+use support::{account, metric, samples, scrape, unique};
 
 const STARTING_BALANCE: i64 = 100_000;
 const PRICE: i64 = 1_999;
@@ -54,7 +55,7 @@ fn requests(text: &str, outcome: &str) -> Option<f64> {
 }
 
 async fn a_first_and_a_duplicate_show_in_the_binarys_metrics(database: &str) {
-    let orders = Orders::start(database, None);
+    let orders = support::start_orders(database, None);
     let base = &orders.base;
     let tenant = unique("metrics");
     first_then_duplicate(base, &tenant, "metrics-key").await;
@@ -149,7 +150,7 @@ async fn the_binary_counts_a_duplicate_sql_caught_after_redis_lost_the_key() {
             return;
         }
     };
-    let orders = Orders::start(&temp_sqlite(), Some(&url));
+    let orders = support::start_orders(&temp_sqlite(), Some(&url));
     let base = &orders.base;
     let tenant = unique("metrics-tier");
 
@@ -207,7 +208,7 @@ async fn the_binary_counts_a_duplicate_sql_caught_after_redis_lost_the_key() {
 async fn the_binary_purges_expired_records_and_counts_them_on_sqlite() {
     const EXPIRED: usize = 25;
     let database = temp_sqlite();
-    let orders = Orders::start_with(&database, None, &["--purge-every-ms", "100"]);
+    let orders = support::start_orders_with(&database, None, &["--purge-every-ms", "100"]);
     let base = &orders.base;
     let purged = |text: &str| metric(text, "idem_records_purged_total", &[]);
     let text = scrape(base).await;

@@ -36,10 +36,10 @@ use futures_util::StreamExt;
 use idem_app::consumer::{Ledger, Reward, points};
 use idem_app::orders::ORDERS_STREAM;
 use idem_app::sql_pool::SqlPool;
-use idem_tower::core::conformance::{mysql_url, postgres_url, server_missing, server_url};
+use idem_test_support::{mysql_url, postgres_url, server_missing, server_url};
 use idem_tower::sql::sqlx::{self, AssertSqlSafe};
 use serde_json::Value;
-use support::{Orders, Spawned, handler_calls, metric, scrape, unique};
+use support::{Spawned, handler_calls, metric, scrape, unique};
 
 /// What a relay logs when JetStream answers a publish as a duplicate (the
 /// same `Nats-Msg-Id` inside the stream's window): `RUST_LOG` below turns
@@ -426,7 +426,7 @@ async fn a_rolled_back_order_publishes_nothing(backend: Backend) {
     };
     let started = Instant::now();
     let tenant = unique("rollback");
-    let first = Orders::start(&db.url, None);
+    let first = support::start_orders(&db.url, None);
     let relay = relay(&db, &nats, "relay-a", &[]);
     let consumer = consumer(&db, &nats, 1);
     let ledger = Ledger::connect(&db.consumer_url).await.expect("ledger");
@@ -458,7 +458,7 @@ async fn a_rolled_back_order_publishes_nothing(backend: Backend) {
     first.kill_9();
     assert!(doomed.await.unwrap().is_err(), "the client saw it die");
 
-    let second = Orders::start(&db.url, None);
+    let second = support::start_orders(&db.url, None);
     let (status, body) = place(&second.base, "committed-2", &[]).await.unwrap();
     assert_eq!(status, 201, "{body}");
     let committed_2 = body["order_id"].as_u64().unwrap();
@@ -522,7 +522,7 @@ async fn postgres_a_relay_killed_mid_batch_loses_nothing() {
     };
     let started = Instant::now();
     let tenant = unique("relay-kill");
-    let orders = Orders::start(&db.url, None);
+    let orders = support::start_orders(&db.url, None);
     let slow = [
         "--batch",
         "50",
@@ -609,7 +609,7 @@ async fn postgres_a_nats_restart_mid_run_loses_nothing() {
     };
     let started = Instant::now();
     let tenant = unique("nats-restart");
-    let orders = Orders::start(&db.url, None);
+    let orders = support::start_orders(&db.url, None);
     let paced = ["--batch", "20", "--chaos-publish-delay-ms", "10"];
     let relay = relay(&db, &nats, "relay-a", &paced);
     let consumer = consumer(&db, &nats, 4);
@@ -649,7 +649,7 @@ async fn postgres_two_racing_relays_publish_each_event_once_and_serve_metrics() 
     };
     let started = Instant::now();
     let tenant = unique("two-relays");
-    let orders = Orders::start(&db.url, None);
+    let orders = support::start_orders(&db.url, None);
     let racing = [
         "--batch",
         "10",
@@ -726,7 +726,7 @@ async fn postgres_one_users_events_are_consumed_in_order() {
     };
     let started = Instant::now();
     let tenant = unique("in-order");
-    let orders = Orders::start(&db.url, None);
+    let orders = support::start_orders(&db.url, None);
     let relays = [
         relay(
             &db,

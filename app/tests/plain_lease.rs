@@ -14,8 +14,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use idem_tower::core::conformance::{redis_url, server_missing};
-use support::{Orders, handler_calls, metric, scrape, unique};
+use idem_test_support::{redis_url, server_missing};
+use support::{handler_calls, metric, scrape, unique};
 
 /// The lease both processes run with.
 const LEASE: Duration = Duration::from_secs(1);
@@ -54,8 +54,8 @@ async fn a_killed_process_claim_frees_within_about_one_lease() {
     }
     let lease_ms = LEASE.as_millis().to_string();
     let args = ["--lease-ms", lease_ms.as_str()];
-    let first = Orders::start_with("memory", Some(&redis), &args);
-    let second = Orders::start_with("memory", Some(&redis), &args);
+    let first = support::start_orders_with("memory", Some(&redis), &args);
+    let second = support::start_orders_with("memory", Some(&redis), &args);
     let tenant = unique("plain-lease");
 
     let doomed = tokio::spawn({

@@ -6,9 +6,8 @@ mod support;
 
 use std::sync::Arc;
 
-use idem_tower::core::conformance::{postgres_url, redis_url, server_missing};
+use idem_test_support::{postgres_url, redis_url, server_missing};
 use serde_json::{Value, json};
-use support::Orders;
 use tokio::sync::Barrier;
 
 const PRICE: i64 = 4_200;
@@ -29,8 +28,8 @@ async fn fifty_copies_across_two_instances_make_one_order() {
     {
         return;
     }
-    let a = Orders::start(&database, Some(&redis));
-    let b = Orders::start(&database, Some(&redis));
+    let a = support::start_orders(&database, Some(&redis));
+    let b = support::start_orders(&database, Some(&redis));
     let tenant = format!("two-instances-{:x}", rand_suffix());
     let client = reqwest::Client::new();
 

@@ -45,38 +45,13 @@ impl DelayProxy {
         Ok(Self { addr })
     }
 
-    /// `url` with its host and port (after `://` and any `user@`, before
-    /// the next `/`) replaced by the proxy's.
+    /// `url` with its host and port replaced by the proxy's.
     pub(crate) fn url(&self, url: &str) -> String {
-        let Some((scheme, rest)) = url.split_once("://") else {
-            return url.to_owned();
-        };
-        let (authority, path) = match rest.find('/') {
-            Some(at) => rest.split_at(at),
-            None => (rest, ""),
-        };
-        let user = authority
-            .rsplit_once('@')
-            .map(|(user, _)| format!("{user}@"))
-            .unwrap_or_default();
-        format!("{scheme}://{user}{}{path}", self.addr)
+        idem_test_support::urls::via(url, self.addr)
     }
 }
 
-/// The `host:port` of a URL such as `postgres://user@host:5432/db` or
-/// `redis://host:6379`, with `default_port` where it names none.
-pub(crate) fn host_port(url: &str, default_port: u16) -> String {
-    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let authority = rest.split('/').next().unwrap_or(rest);
-    let host = authority
-        .rsplit_once('@')
-        .map_or(authority, |(_, host)| host);
-    if host.contains(':') {
-        host.to_owned()
-    } else {
-        format!("{host}:{default_port}")
-    }
-}
+pub(crate) use idem_test_support::urls::host_port;
 
 /// Bytes from `from` to `to`, each chunk `delay` after it was read.
 fn pipe(

@@ -2,7 +2,7 @@
 //! `redis-server` (or `--redis`), and a PostgreSQL database of the
 //! benchmark's own.
 
-use idem_tower::core::conformance::RedisServer;
+use idem_test_support::redis::RedisServer;
 use idem_tower::redis::redis;
 use idem_tower::redis::redis::aio::MultiplexedConnection;
 use idem_tower::sql::sqlx;

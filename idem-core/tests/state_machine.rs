@@ -16,7 +16,8 @@
 //! store call and keeps, for each lease and ttl, the window in which
 //! the store must have set its deadline. At a later call a deadline is
 //! certainly running, certainly over, or (if it falls within the call, give
-//! or take [`SLACK`]) either, and then the store's answer settles which. A
+//! or take `SLACK`,
+//! `conformance/model.rs`) either, and then the store's answer settles which. A
 //! slow, loaded machine makes more deadlines pass; it cannot make the model
 //! expect the wrong thing.
 //!
@@ -26,16 +27,12 @@
 //!
 //! Failures print the shrunk sequence of steps. `PROPTEST_CASES=N` runs N
 //! cases per store instead of the defaults below.
-#![cfg(feature = "memory")]
-
-mod support {
-    pub(crate) mod state_machine;
-}
+#![cfg(all(feature = "memory", feature = "test-util"))]
 
 use std::sync::Arc;
 
 use idem_core::MemoryStore;
-use support::state_machine::{CONTENDED, SPREAD, run, runtime};
+use idem_core::conformance::model::{CONTENDED, SPREAD, run, runtime};
 
 #[test]
 fn memory_store_keeps_one_owner_and_every_response_with_contention() {

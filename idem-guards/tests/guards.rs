@@ -18,13 +18,13 @@ use std::time::Duration;
 
 use ::redis::aio::ConnectionManager;
 use idem_core::ErrorKind;
-use idem_core::conformance::{redis_url, server_missing};
 use idem_guards::{
     Counter, CounterUpdate, Delivery, DuplicateOf, GuardDb, Inbox, LifecycleState, ProcessError,
     Processed, RedisLock, RedisTokens, SqlTokens, StateMachine, TokenUse, Transition,
 };
 use idem_sql::conformance::TestSql;
 use idem_sql::sqlx::Pool;
+use idem_test_support::{redis_url, server_missing};
 use tokio::sync::Barrier;
 
 #[macro_use]
@@ -912,7 +912,7 @@ mod redis {
     /// (it kept saying the lock was held while the renewals failed).
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn keep_alive_says_lost_once_the_lease_ran_out_unrenewed() {
-        let Some(server) = idem_core::conformance::RedisServer::start(&[]) else {
+        let Some(mut server) = idem_test_support::redis::RedisServer::start(&[]) else {
             return;
         };
         let client = ::redis::Client::open(server.url()).expect("a Redis URL");

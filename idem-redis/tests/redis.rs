@@ -1,8 +1,8 @@
 //! The store conformance suite against a real Redis (`IDEM_TEST_REDIS_URL`,
 //! default `redis://127.0.0.1:6379`).
 
-use idem_core::conformance::{redis_url, server_missing};
 use idem_redis::RedisStore;
+use idem_test_support::{redis_url, server_missing};
 use redis::aio::ConnectionManager;
 
 async fn redis() -> Option<RedisStore<ConnectionManager>> {
@@ -24,8 +24,8 @@ mod single {
 mod cluster {
     use std::sync::OnceLock;
 
-    use idem_core::conformance::{RedisServer, redis_cli_says, wait_until};
     use idem_redis::RedisStore;
+    use idem_test_support::redis::{RedisServer, redis_cli_says, wait_until};
     use redis::cluster::ClusterClient;
     use redis::cluster_async::ClusterConnection;
 

@@ -16,10 +16,8 @@ use idem_core::{
 use idem_redis::{RedisStore, SentinelConnection};
 use redis::{ErrorKind, RedisError, RedisResult, cmd};
 
-mod support {
-    pub(crate) mod redis_servers;
-}
-use support::redis_servers::{RedisServer, Reply, Sentinel, free_port};
+use idem_test_support::free_port;
+use idem_test_support::redis::{RedisServer, Reply, Sentinel};
 
 /// The service's name in the sentinel's configuration.
 const SERVICE: &str = "idem-test";

@@ -5,17 +5,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::conformance::{RedisServer, postgres_url, redis_url, server_missing};
 use idem_core::{Claim, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken};
 use idem_redis::RedisStore;
 use idem_redis::tiered::{BreakerState, TieredStore};
 use idem_sql::PgStore;
 use idem_sql::sqlx::postgres::PgPoolOptions;
+use idem_test_support::{postgres_url, redis::RedisServer, redis_url, server_missing};
 use redis::aio::ConnectionManager;
-
-mod support {
-    pub(crate) mod redis_servers;
-}
 
 type Tiered = TieredStore<ConnectionManager, PgStore>;
 
@@ -187,7 +183,7 @@ async fn the_in_process_cache_answers_without_a_network_trip() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_redis_outage_degrades_to_sql_and_recovers_without_a_restart() {
-    let Some(server) = RedisServer::start(&[]) else {
+    let Some(mut server) = RedisServer::start(&[]) else {
         return;
     };
     let Some(gate) = gate(&server.url()).await else {
@@ -283,8 +279,8 @@ async fn a_completion_sql_took_unheard_leaves_the_gate_to_sql() {
 async fn private_gate(
     gate_timeout: Duration,
     (threshold, pause): (u32, Duration),
-) -> Option<(support::redis_servers::RedisServer, Tiered)> {
-    let server = support::redis_servers::RedisServer::start(&[])?;
+) -> Option<(RedisServer, Tiered)> {
+    let server = RedisServer::start(&[])?;
     let store = TieredStore::builder(gate(&server.url()).await?, truth().await?)
         .gate_timeout(gate_timeout)
         .breaker(threshold, pause)

@@ -8,10 +8,10 @@
 
 use std::time::Duration;
 
-use idem_core::conformance::{pgbouncer_url, server_missing};
 use idem_sql::PgStore;
 use idem_sql::sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use idem_sql::sqlx::{self, Row};
+use idem_test_support::{pgbouncer_url, server_missing};
 
 /// A pool of 20 client connections, with the statement cache off as sqlx
 /// users behind PgBouncer are told to set it (with sqlx 0.9 it still names

@@ -11,11 +11,11 @@
 
 use std::time::Duration;
 
-use idem_core::conformance::{mysql_url, postgres_url, server_missing};
 use idem_sql::sqlx::mysql::MySqlPoolOptions;
 use idem_sql::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use idem_sql::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use idem_sql::{MySqlStore, PgStore, SqliteStore, TxSlot};
+use idem_test_support::{mysql_url, postgres_url, server_missing};
 
 /// Short enough for the lock-timeout case to run quickly.
 const LOCK_TIMEOUT: Duration = Duration::from_secs(1);
@@ -524,10 +524,11 @@ async fn postgres_a_prepare_that_failed_partway_is_finished_later() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_transactional_claims_write_their_record_at_commit() {
+    use idem_core::StoredResponse;
     use idem_core::{Claim, Duplicate, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
     use idem_core::{IdempotencyStore, OpenTransaction, TransactionalStore, TxClaim};
-    use idem_core::{StoredResponse, conformance::postgres_url};
     use idem_sql::sqlx::{self, Postgres};
+    use idem_test_support::postgres_url;
 
     let Some(store) = postgres().await else {
         return;
@@ -785,10 +786,10 @@ async fn sqlite_commit_over_a_live_record_commits_nothing() {
 /// the session do not stand in the way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_statements_deallocated_are_prepared_again() {
-    use idem_core::conformance::postgres_url;
     use idem_core::{Claim, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken};
     use idem_core::{StoredResponse, TransactionalStore, TxClaim};
     use idem_sql::sqlx::{self, Postgres};
+    use idem_test_support::postgres_url;
 
     if postgres().await.is_none() {
         return;
@@ -921,10 +922,10 @@ async fn postgres_statements_deallocated_are_prepared_again() {
 /// quotes still round-trip as they are.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_scripts_read_the_same_without_standard_conforming_strings() {
-    use idem_core::conformance::postgres_url;
     use idem_core::{Claim, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken};
     use idem_core::{StoredResponse, TransactionalStore, TxClaim};
     use idem_sql::sqlx;
+    use idem_test_support::postgres_url;
 
     if postgres().await.is_none() {
         return;

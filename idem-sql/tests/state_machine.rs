@@ -4,13 +4,10 @@
 //! fewer cases, every step a round trip to a server.
 #![cfg(all(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 
-#[path = "../../idem-core/tests/support/state_machine.rs"]
-mod state_machine;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use state_machine::{SPREAD, Shape, run, runtime};
+use idem_core::conformance::model::{SPREAD, Shape, run, runtime};
 /// Fewer cases: every step is a round trip to a server.
 const SQL: Shape = Shape {
     cases: 16,
@@ -55,9 +52,9 @@ fn sqlite_store_keeps_one_owner_and_every_response() {
 #[cfg(feature = "postgres")]
 #[test]
 fn postgres_store_keeps_one_owner_and_every_response() {
-    use idem_core::conformance::{postgres_url, server_missing};
     use idem_sql::PgStore;
     use idem_sql::sqlx::postgres::PgPoolOptions;
+    use idem_test_support::{postgres_url, server_missing};
 
     let runtime = runtime();
     let url = postgres_url();
@@ -79,9 +76,9 @@ fn postgres_store_keeps_one_owner_and_every_response() {
 #[cfg(feature = "mysql")]
 #[test]
 fn mysql_store_keeps_one_owner_and_every_response() {
-    use idem_core::conformance::{mysql_url, server_missing};
     use idem_sql::MySqlStore;
     use idem_sql::sqlx::mysql::MySqlPoolOptions;
+    use idem_test_support::{mysql_url, server_missing};
 
     let runtime = runtime();
     let url = mysql_url();

@@ -287,5 +287,4 @@ pub use idem_macros::idempotent;
 
 #[cfg(feature = "macros")]
 #[doc(hidden)]
-#[path = "private.rs"]
 pub mod __private;

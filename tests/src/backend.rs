@@ -3,9 +3,7 @@
 //! `IDEM_TEST_REDIS_URL` (defaults: the local services); a server that is
 //! not there skips the test, or fails it under `CI=true`.
 
-use idem_tower::core::conformance::{
-    mysql_url, pgbouncer_url, postgres_url, redis_url, server_missing,
-};
+use idem_test_support::{mysql_url, pgbouncer_url, postgres_url, redis_url, server_missing};
 
 use crate::nonce;
 

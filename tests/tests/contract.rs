@@ -9,51 +9,7 @@ use idem_app::orders::{STARTING_BALANCE_CENTS, Wiring};
 use idem_tests::{Backend, Call, Harness, Via};
 use serde_json::json;
 
-/// Runs each listed case on every backend (the memory store both over HTTP
-/// and through `oneshot`, each SQL database in transactional mode over
-/// HTTP, Redis alone, and PostgreSQL behind the Redis gate), with
-/// `#[idempotent]` handlers and with hand-built layers, so the two paths
-/// cannot drift apart.
-macro_rules! on_every_backend {
-    ($($case:ident),* $(,)?) => {
-        on_every_backend!(@module memory_attribute_http, Memory, Http, Attribute; $($case),*);
-        on_every_backend!(@module memory_attribute_oneshot, Memory, Oneshot, Attribute; $($case),*);
-        on_every_backend!(@module memory_layer_http, Memory, Http, Layer; $($case),*);
-        on_every_backend!(@module memory_layer_oneshot, Memory, Oneshot, Layer; $($case),*);
-        on_every_backend!(@module sqlite_attribute_http, Sqlite, Http, Attribute; $($case),*);
-        on_every_backend!(@module sqlite_layer_http, Sqlite, Http, Layer; $($case),*);
-        on_every_backend!(@module postgres_attribute_http, Postgres, Http, Attribute; $($case),*);
-        on_every_backend!(@module postgres_layer_http, Postgres, Http, Layer; $($case),*);
-        on_every_backend!(@module pgbouncer_attribute_http, PgBouncer, Http, Attribute; $($case),*);
-        on_every_backend!(@module pgbouncer_layer_http, PgBouncer, Http, Layer; $($case),*);
-        on_every_backend!(@module mysql_attribute_http, MySql, Http, Attribute; $($case),*);
-        on_every_backend!(@module mysql_layer_http, MySql, Http, Layer; $($case),*);
-        on_every_backend!(@module redis_attribute_http, Redis, Http, Attribute; $($case),*);
-        on_every_backend!(@module tiered_attribute_http, PostgresWithRedis, Http, Attribute; $($case),*);
-        on_every_backend!(@module tiered_layer_http, PostgresWithRedis, Http, Layer; $($case),*);
-    };
-    (@module $module:ident, $backend:ident, $via:ident, $wiring:ident; $($case:ident),*) => {
-        mod $module {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $case() {
-                    let harness = idem_tests::Harness::start_with(
-                        idem_tests::Backend::$backend,
-                        idem_tests::Via::$via,
-                        idem_app::orders::Wiring::$wiring,
-                        |builder| builder,
-                    )
-                    .await;
-                    if let Some(harness) = harness {
-                        super::$case(harness).await;
-                    }
-                }
-            )*
-        }
-    };
-}
-
-on_every_backend!(
+idem_tests::on_every_backend!(
     same_request_ten_times_has_one_effect_and_nine_replays,
     fifty_concurrent_copies_have_one_effect,
     slow_first_attempt_then_retry_gets_the_first_success,

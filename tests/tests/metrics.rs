@@ -6,7 +6,7 @@
 
 use http::StatusCode;
 use idem_app::orders::{App, install_prometheus};
-use idem_tests::prometheus::metric as value;
+use idem_test_support::prometheus::metric as value;
 use idem_tests::{Call, Harness};
 use serde_json::json;
 

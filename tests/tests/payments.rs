@@ -16,37 +16,8 @@ const SHORT_TTL: Duration = Duration::from_millis(300);
 /// Long enough after [`SHORT_TTL`] for every store's clock to agree.
 const PAST_RETENTION: Duration = Duration::from_millis(1200);
 
-macro_rules! on_every_backend {
-    ($($case:ident),* $(,)?) => {
-        on_every_backend!(@module memory_attribute_http, Memory, Http, Attribute; $($case),*);
-        on_every_backend!(@module memory_layer_oneshot, Memory, Oneshot, Layer; $($case),*);
-        on_every_backend!(@module sqlite_attribute_http, Sqlite, Http, Attribute; $($case),*);
-        on_every_backend!(@module sqlite_layer_http, Sqlite, Http, Layer; $($case),*);
-        on_every_backend!(@module postgres_attribute_http, Postgres, Http, Attribute; $($case),*);
-        on_every_backend!(@module postgres_layer_http, Postgres, Http, Layer; $($case),*);
-        on_every_backend!(@module pgbouncer_attribute_http, PgBouncer, Http, Attribute; $($case),*);
-        on_every_backend!(@module pgbouncer_layer_http, PgBouncer, Http, Layer; $($case),*);
-        on_every_backend!(@module mysql_attribute_http, MySql, Http, Attribute; $($case),*);
-        on_every_backend!(@module mysql_layer_http, MySql, Http, Layer; $($case),*);
-    };
-    (@module $module:ident, $backend:ident, $via:ident, $wiring:ident; $($case:ident),*) => {
-        mod $module {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $case() {
-                    super::$case(
-                        idem_tests::Backend::$backend,
-                        idem_tests::Via::$via,
-                        idem_app::orders::Wiring::$wiring,
-                    )
-                    .await;
-                }
-            )*
-        }
-    };
-}
-
-on_every_backend!(
+idem_tests::on_every_backend!(
+    parts:
     fifteen_sequential_callbacks_credit_once,
     fifteen_concurrent_callbacks_credit_once,
     callback_after_the_record_expired_books_no_second_credit,

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use idem_app::orders::{App, STARTING_BALANCE_CENTS};
+use idem_test_support::redis::RedisServer;
 use idem_tests::{Backend, Harness};
-use idem_tower::core::conformance::RedisServer;
 use tokio::sync::Mutex;
 
 const KEYS: usize = 24;
@@ -21,7 +21,7 @@ async fn redis_stopped_mid_burst_still_one_effect_per_key() {
     let Some(database) = Backend::Postgres.database_url().await else {
         return;
     };
-    let Some(redis) = RedisServer::start(&[]) else {
+    let Some(mut redis) = RedisServer::start(&[]) else {
         return;
     };
     let app = App::connect_tiered(&database, Some(&redis.url()), true, |b| b)

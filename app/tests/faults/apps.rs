@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use crate::support::{Orders, client};
+use idem_test_support::orders::{Orders, client};
 
 /// The tiered store's counters each instance serves on `/metrics`.
 const COUNTERS: [&str; 2] = [
@@ -131,7 +131,15 @@ async fn spawn(database: &str, redis: Option<&str>) -> Orders {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let (database, redis) = (database.to_owned(), redis.map(str::to_owned));
-        match tokio::task::spawn_blocking(move || Orders::start(&database, redis.as_deref())).await
+        match tokio::task::spawn_blocking(move || {
+            Orders::start(
+                env!("CARGO_BIN_EXE_orders"),
+                &database,
+                redis.as_deref(),
+                &[],
+            )
+        })
+        .await
         {
             Ok(orders) => return orders,
             Err(failed) if Instant::now() < deadline => {

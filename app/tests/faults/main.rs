@@ -13,14 +13,7 @@
 
 mod apps;
 mod checker;
-mod pgbouncer;
-mod postgres;
-mod proxy;
-#[path = "../../../idem-redis/tests/support/redis_servers.rs"]
-mod redis_servers;
 mod scenarios;
-#[path = "../support/mod.rs"]
-mod support;
 mod workload;
 
 use std::fmt::Write as _;
@@ -46,7 +39,7 @@ fn main() {
         .build()
         .expect("a runtime");
     let reports = runtime.block_on(async {
-        let Some(postgres) = postgres::Postgres::start() else {
+        let Some(postgres) = idem_test_support::postgres::Postgres::start() else {
             return Vec::new();
         };
         let mut reports = Vec::new();
@@ -76,15 +69,4 @@ fn main() {
         "the fault suite failed:\n{}",
         failed.join("\n")
     );
-}
-
-/// A server the suite needs is not here: under `CI=true` that fails the
-/// run; elsewhere the suite says it skipped and why.
-pub(crate) fn missing(what: &str) {
-    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-    assert!(
-        !ci,
-        "the fault suite needs {what}, which is not here (CI=true)"
-    );
-    eprintln!("fault suite skipped: {what} not found");
 }

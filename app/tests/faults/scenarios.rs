@@ -15,12 +15,12 @@ use idem_tower::sql::sqlx::PgPool;
 
 use crate::apps::Apps;
 use crate::checker::{self, Verdict};
-use crate::pgbouncer::PgBouncer;
-use crate::postgres::Postgres;
-use crate::proxy::{Mode, Proxy};
-use crate::redis_servers::{RedisServer, Sentinel};
-use crate::support::unique;
 use crate::workload::Workload;
+use idem_test_support::fault_proxy::{Mode, Proxy};
+use idem_test_support::pgbouncer::PgBouncer;
+use idem_test_support::postgres::Postgres;
+use idem_test_support::redis::{RedisServer, Sentinel};
+use idem_test_support::unique;
 
 /// How long the workload sends new operations.
 const LOAD: Duration = Duration::from_secs(10);

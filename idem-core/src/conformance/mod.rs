@@ -4,16 +4,16 @@
 //! Each case uses fresh random keys, so a suite may run against a store that
 //! other suites (or earlier runs) share. The cases are grouped by topic:
 //! `records.rs` moves records through their transitions, `leases.rs` lets
-//! leases and ttl run out and renews them, and `servers.rs` how tests find
-//! their servers. What only a SQL store can show is idem-sql's
+//! leases and ttl run out and renews them, and [`model`] checks random
+//! sequences of claims against a reference model of the record state
+//! machine (a property test). What only a SQL store can show is idem-sql's
 //! `conformance`, which runs these cases too.
 //!
 //! [`store_conformance_tests!`]: crate::store_conformance_tests
 
 mod leases;
+pub mod model;
 mod records;
-mod redis_server;
-mod servers;
 
 use std::time::Duration;
 
@@ -29,8 +29,6 @@ pub use records::{
     concurrent_claims_have_one_winner, fingerprint_mismatch, keys_are_independent,
     not_replayable_outcome_is_kept, only_the_owner_moves_the_record, release_then_reclaim,
 };
-pub use redis_server::{RedisServer, free_port, redis_cli_says, wait_until};
-pub use servers::{mysql_url, pgbouncer_url, postgres_url, redis_url, server_missing, server_url};
 
 use crate::{
     Claim, Error, ErrorKind, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken,

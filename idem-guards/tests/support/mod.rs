@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use idem_core::conformance::{mysql_url, postgres_url, server_missing};
 use idem_sql::conformance::TestSql;
 use idem_sql::sqlx::{self, Pool};
+use idem_test_support::{mysql_url, postgres_url, server_missing};
 
 pub(crate) fn nonce() -> String {
     format!("{:016x}", rand::random::<u64>())

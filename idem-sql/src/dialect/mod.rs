@@ -16,9 +16,10 @@ use std::future::Future;
 use std::time::Duration;
 
 pub use bind::{Value, bind_all};
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) use record::shared_statements;
 pub(crate) use record::{
     ClaimArgs, ClaimStep, Queries, RecordRow, has_code, record_row, run_migrations,
-    shared_statements,
 };
 
 use super::SqlStore;

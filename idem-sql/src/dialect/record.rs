@@ -139,6 +139,8 @@ impl RecordRow {
 /// owner; renew: lease in ms, key hash, owner; purge: batch). A dialect
 /// whose purge is more than its one statement (MySQL's, `mysql.rs`) writes
 /// its own and takes the rest with `shared_statements!(Conn, own purge)`.
+/// (PostgreSQL's run as simple queries: `postgres/session.rs`.)
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 macro_rules! shared_statements {
     ($conn:ty) => {
         $crate::dialect::shared_statements!($conn, own purge);
@@ -218,6 +220,7 @@ macro_rules! shared_statements {
         }
     };
 }
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) use shared_statements;
 
 /// Brings a store's table up to the last of `migrations` on `conn`, which

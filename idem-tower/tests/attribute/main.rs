@@ -3,8 +3,7 @@
 //! actually ran.
 #![cfg(feature = "macros")]
 
-#[path = "../support/mod.rs"]
-mod support;
+use idem_test_support::service as support;
 
 mod app;
 pub mod payments;

@@ -17,11 +17,7 @@ use tower::{Layer, ServiceExt};
 
 use super::{Server, order, read};
 
-// The proxy the cross-crate client tests use too (`tests/src/fault_proxy.rs`).
-#[allow(unreachable_pub)]
-#[path = "../../../tests/src/fault_proxy.rs"]
-mod fault_proxy;
-use fault_proxy::fault_proxy;
+use idem_test_support::lossy_proxy::fault_proxy;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_operations_through_a_fault_proxy_make_two_hundred_orders() {

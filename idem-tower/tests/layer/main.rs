@@ -7,8 +7,7 @@
 //! test asserts that count.
 #![cfg(feature = "memory")]
 
-#[path = "../support/mod.rs"]
-mod support;
+use idem_test_support::service as support;
 
 mod fixtures;
 

@@ -9,7 +9,7 @@
 //!
 //! On PgStore alone, a transactional first request costs one round trip to
 //! PostgreSQL more than the same handler without idem, counted on the wire
-//! (`idem_tests::pg_wire`).
+//! (`idem_test_support::round_trips`).
 
 use idem_app::orders::App;
 use idem_tests::Harness;
@@ -22,8 +22,8 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::post;
 use http::StatusCode;
-use idem_tests::pg_wire::RoundTrips;
-use idem_tower::core::conformance::RedisServer;
+use idem_test_support::redis::RedisServer;
+use idem_test_support::round_trips::RoundTrips;
 use idem_tower::sql::sqlx::postgres::PgPoolOptions;
 use idem_tower::sql::sqlx::{self, PgPool, Postgres};
 use idem_tower::{Idempotency, PgStore, Tx, idempotent};

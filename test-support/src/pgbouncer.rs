@@ -1,5 +1,5 @@
-//! A PgBouncer of the suite's own, in transaction pooling in front of the
-//! suite's PostgreSQL, on a free loopback port, so that killing it touches
+//! A PgBouncer of a test's own, in transaction pooling in front of a
+//! PostgreSQL, on a free loopback port, so that killing it touches
 //! nothing else. As root it runs as the `postgres` user (PgBouncer refuses
 //! to run as root).
 
@@ -8,11 +8,10 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::redis_servers::free_port;
-use crate::support::unique;
+use crate::{free_port, missing, unique};
 
 /// A private PgBouncer; killed and its directory removed on drop.
-pub(crate) struct PgBouncer {
+pub struct PgBouncer {
     dir: PathBuf,
     port: u16,
     child: Option<Child>,
@@ -23,9 +22,9 @@ impl PgBouncer {
     /// Starts one in front of PostgreSQL on `pg_port`; `None` (the
     /// scenario skipped, said why) if `pgbouncer` is not installed, unless
     /// `CI=true`.
-    pub(crate) async fn start(pg_port: u16) -> Option<Self> {
+    pub async fn start(pg_port: u16) -> Option<Self> {
         if Command::new("pgbouncer").arg("--version").output().is_err() {
-            crate::missing("pgbouncer (Debian's package)");
+            missing("pgbouncer (Debian's package)");
             return None;
         }
         let as_postgres = std::fs::metadata("/proc/self")
@@ -64,7 +63,7 @@ impl PgBouncer {
 
     /// `postgres://postgres@127.0.0.1:PORT/postgres?pooler=transaction`:
     /// the `orders` app's URL for the database through this pooler.
-    pub(crate) fn url(&self) -> String {
+    pub fn url(&self) -> String {
         format!(
             "postgres://postgres@127.0.0.1:{}/postgres?pooler=transaction",
             self.port
@@ -72,7 +71,7 @@ impl PgBouncer {
     }
 
     /// Starts it (again) on its port, waiting until it accepts connections.
-    pub(crate) async fn start_again(&mut self) {
+    pub async fn start_again(&mut self) {
         let config = self.dir.join("pgbouncer.ini");
         let mut command = if self.as_postgres {
             let mut command = Command::new("runuser");
@@ -100,7 +99,7 @@ impl PgBouncer {
 
     /// Kills it as a crash would: every client and server connection cut.
     /// Returns once its port refuses connections.
-    pub(crate) async fn crash(&mut self) {
+    pub async fn crash(&mut self) {
         self.kill_9();
         let deadline = Instant::now() + Duration::from_secs(10);
         while tokio::net::TcpStream::connect(("127.0.0.1", self.port))

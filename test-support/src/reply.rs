@@ -1,6 +1,5 @@
 //! A response as the client saw it, and the assertions the tests make on
-//! it. Shared with idem-tower's own test binaries
-//! (`idem-tower/tests/support`).
+//! it.
 
 use axum::body::HttpBody;
 use bytes::Bytes;

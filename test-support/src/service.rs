@@ -1,5 +1,5 @@
-//! What both idem-tower test binaries (`layer`, `attribute`) drive their
-//! services with: requests, replies, and a count of handler runs. Every
+//! What the layer's tests (idem-tower's `layer` and `attribute`) drive
+//! their services with: requests, replies, and a count of handler runs. Every
 //! test asserts that count: the point of the layer is how many times the
 //! handler runs, not only what status the client sees.
 
@@ -12,33 +12,28 @@ use axum::body::Body;
 use http::{HeaderValue, Request, Response, header};
 use tower::{Service, ServiceExt};
 
-// The reply the cross-crate tests read too (`tests/src/reply.rs`): one
-// definition.
-#[allow(unreachable_pub)]
-#[path = "../../../tests/src/reply.rs"]
-mod reply;
-pub(crate) use reply::Reply;
+pub use crate::reply::Reply;
 
 /// The header the default key template reads.
-pub(crate) const KEY_HEADER: &str = "idempotency-key";
+pub const KEY_HEADER: &str = "idempotency-key";
 
 /// How many times a handler ran, shared by the test and its handler.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Calls(Arc<AtomicUsize>);
+pub struct Calls(Arc<AtomicUsize>);
 
 impl Calls {
     /// Counts one run and returns its number, from 1.
-    pub(crate) fn run(&self) -> usize {
+    pub fn run(&self) -> usize {
         self.0.fetch_add(1, Ordering::SeqCst) + 1
     }
 
     /// The runs so far.
-    pub(crate) fn get(&self) -> usize {
+    pub fn get(&self) -> usize {
         self.0.load(Ordering::SeqCst)
     }
 
     /// Waits until the handler has been entered `n` times (5 s at most).
-    pub(crate) async fn wait_for(&self, n: usize) {
+    pub async fn wait_for(&self, n: usize) {
         let deadline = Instant::now() + Duration::from_secs(5);
         while self.get() < n {
             assert!(Instant::now() < deadline, "the handler was not called");
@@ -48,7 +43,7 @@ impl Calls {
 }
 
 /// Sends one request through a clone of `service` and reads the reply.
-pub(crate) async fn send<S, B>(service: &S, request: Request<Body>) -> Reply
+pub async fn send<S, B>(service: &S, request: Request<Body>) -> Reply
 where
     S: Service<Request<Body>, Response = Response<B>> + Clone,
     S::Error: fmt::Debug,
@@ -64,7 +59,7 @@ where
 }
 
 /// A POST with a JSON body and, if given, an `Idempotency-Key`.
-pub(crate) fn post(path: &str, key: Option<&str>, body: &str) -> Request<Body> {
+pub fn post(path: &str, key: Option<&str>, body: &str) -> Request<Body> {
     let mut builder = Request::post(path).header(header::CONTENT_TYPE, "application/json");
     if let Some(key) = key {
         builder = builder.header(KEY_HEADER, key);
@@ -75,7 +70,7 @@ pub(crate) fn post(path: &str, key: Option<&str>, body: &str) -> Request<Body> {
 }
 
 /// `request`, signed in as `user`: `Authorization: Bearer <user>`.
-pub(crate) fn signed(mut request: Request<Body>, user: &str) -> Request<Body> {
+pub fn signed(mut request: Request<Body>, user: &str) -> Request<Body> {
     request.headers_mut().insert(
         header::AUTHORIZATION,
         HeaderValue::from_str(&format!("Bearer {user}")).expect("a header value"),
@@ -85,10 +80,8 @@ pub(crate) fn signed(mut request: Request<Body>, user: &str) -> Request<Body> {
 
 /// The service's own authentication extractor: the user of a [`signed`]
 /// request, or 401.
-#[cfg(feature = "axum")]
-pub(crate) struct CurrentUser(pub(crate) String);
+pub struct CurrentUser(pub String);
 
-#[cfg(feature = "axum")]
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for CurrentUser {
     type Rejection = (http::StatusCode, &'static str);
 

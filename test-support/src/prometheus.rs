@@ -1,6 +1,5 @@
 //! Reading what a `/metrics` endpoint serves, in the Prometheus text
 //! format, as PromQL would: samples by name and labels, in any order.
-//! Shared with the examples' process tests (`app/tests/support`).
 
 /// The sum of the samples of `name` in Prometheus text whose labels include
 /// every pair of `labels` (in any order, among any others), as PromQL's

@@ -1,8 +1,7 @@
 //! A TCP fault proxy for client tests: of every ten connections, two are
 //! closed before anything is forwarded and two lose their answer after the
 //! server has settled it (the server committed, the caller never hears).
-//! Shared by the client tests of idem-tower and of this crate (included by
-//! path there, like `reply.rs`).
+//! The client tests' proxy (idem-tower's and idem-tests').
 
 use std::net::SocketAddr;
 use std::sync::Arc;

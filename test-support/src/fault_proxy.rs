@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 /// How the proxy treats traffic.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum Mode {
+pub enum Mode {
     /// Bytes pass untouched.
     Pass,
     /// Open connections are closed and new ones refused.
@@ -27,35 +27,44 @@ pub(crate) enum Mode {
     /// probability `drop_answer`, swallowed and the connection closed: the
     /// server did the work, the client never hears.
     Faulty {
+        /// The delay of every chunk.
         latency: Duration,
+        /// The chance a client's chunk resets the connection instead.
         reset: f64,
+        /// The chance a server's chunk is swallowed, the connection closed.
         drop_answer: f64,
     },
 }
 
 /// What the proxy did.
 #[derive(Debug, Default)]
-pub(crate) struct Counts {
-    pub(crate) connections: AtomicU64,
-    pub(crate) resets: AtomicU64,
-    pub(crate) dropped_answers: AtomicU64,
-    pub(crate) refused: AtomicU64,
+pub struct Counts {
+    /// Connections accepted.
+    pub connections: AtomicU64,
+    /// Connections reset instead of a client's chunk.
+    pub resets: AtomicU64,
+    /// Answers swallowed.
+    pub dropped_answers: AtomicU64,
+    /// Connections refused while cut.
+    pub refused: AtomicU64,
 }
 
 /// A running proxy; it stops with the test's runtime.
 #[derive(Clone)]
-pub(crate) struct Proxy {
-    pub(crate) addr: SocketAddr,
+pub struct Proxy {
+    /// Where clients connect.
+    pub addr: SocketAddr,
     mode: Arc<Mutex<Mode>>,
     /// Bumped by every change of mode: open connections made under an
     /// earlier mode that is now `Cut` close.
     epoch: watch::Sender<u64>,
-    pub(crate) counts: Arc<Counts>,
+    /// What it did so far.
+    pub counts: Arc<Counts>,
 }
 
 impl Proxy {
     /// Listens on a free loopback port, forwarding to `upstream`.
-    pub(crate) async fn start(upstream: SocketAddr) -> Self {
+    pub async fn start(upstream: SocketAddr) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
         let proxy = Self {
             addr: listener.local_addr().expect("an address"),
@@ -79,12 +88,12 @@ impl Proxy {
     }
 
     /// The current mode.
-    pub(crate) fn mode(&self) -> Mode {
+    pub fn mode(&self) -> Mode {
         *self.mode.lock().expect("mode")
     }
 
     /// Changes the mode; `Cut` closes every open connection.
-    pub(crate) fn set(&self, mode: Mode) {
+    pub fn set(&self, mode: Mode) {
         *self.mode.lock().expect("mode") = mode;
         self.epoch.send_modify(|epoch| *epoch += 1);
     }

@@ -1,21 +1,30 @@
-//! The reference model of the record state machine and the property
-//! runner that checks a store against it: what `state_machine.rs` here and
-//! idem-sql's `tests/state_machine.rs` run on their stores. The properties
-//! and how time is judged are said at the top of `state_machine.rs`.
-
-// Each test binary that includes this module uses a part of it.
-#![allow(dead_code)]
+//! The reference model of the record state machine, and the property
+//! runner that checks a store against it: random interleavings of claim,
+//! complete, release, concurrent claim races and lease / ttl expiry, across
+//! several owners and keys, each step checked against the model. idem-core's
+//! `tests/state_machine.rs` says which properties and how time is judged;
+//! it and idem-sql's run this on their stores, and a store of your own can
+//! too:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use idem_core::MemoryStore;
+//! use idem_core::conformance::model::{CONTENDED, run, runtime};
+//!
+//! let seen = run(&runtime(), Arc::new(MemoryStore::new()), CONTENDED);
+//! assert!(seen.replays > 0, "the cases met replays");
+//! ```
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use http::{HeaderMap, HeaderValue, StatusCode};
-use idem_core::{
+use crate::{
     Claim, ErrorKind, Fingerprint, IdempotencyKey, IdempotencyStore, Outcome, OwnerToken,
     StoredResponse,
 };
+use http::{HeaderMap, HeaderValue, StatusCode};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
@@ -234,21 +243,21 @@ impl KeyModel {
 /// How often a run met the situations the properties are about, so that a
 /// change to the generators cannot quietly make them vacuous.
 #[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Seen {
+pub struct Seen {
     /// A key acquired over another owner's expired lease.
-    pub(crate) takeovers: u32,
+    pub takeovers: u32,
     /// A key acquired again after its ttl ran out.
-    pub(crate) reacquired: u32,
+    pub reacquired: u32,
     /// A completed outcome replayed.
-    pub(crate) replays: u32,
+    pub replays: u32,
     /// A complete or release by a token that does not hold the key, refused.
-    pub(crate) stale_refused: u32,
+    pub stale_refused: u32,
     /// A complete or release by the holder, refused once its lease ran out.
-    pub(crate) expired_refused: u32,
+    pub expired_refused: u32,
     /// A race of concurrent claims that one of them won.
-    pub(crate) races_won: u32,
+    pub races_won: u32,
     /// Deadlines that fell within a call, settled by the store's answer.
-    pub(crate) unsure: u32,
+    pub unsure: u32,
 }
 
 impl Seen {
@@ -613,15 +622,23 @@ async fn check<S: IdempotencyStore>(
 /// What a run covers: how many cases, how many owners contend for how many
 /// keys, and how long a case may get.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Shape {
-    pub(crate) cases: u32,
-    pub(crate) owners: usize,
-    pub(crate) keys: usize,
-    pub(crate) max_len: usize,
+pub struct Shape {
+    /// Random cases (`PROPTEST_CASES` overrides it).
+    pub cases: u32,
+    /// Owners contending.
+    pub owners: usize,
+    /// Keys they contend for.
+    pub keys: usize,
+    /// The most steps in one case.
+    pub max_len: usize,
 }
 
 /// Runs random cases of `shape` against `store`, and tells what they met.
-pub(crate) fn run<S: IdempotencyStore>(
+///
+/// # Panics
+///
+/// On the first case the store fails, with the shrunk sequence of steps.
+pub fn run<S: IdempotencyStore>(
     runtime: &tokio::runtime::Runtime,
     store: Arc<S>,
     shape: Shape,
@@ -654,7 +671,8 @@ pub(crate) fn run<S: IdempotencyStore>(
     seen
 }
 
-pub(crate) fn runtime() -> tokio::runtime::Runtime {
+/// A runtime for [`run`]: two workers, so that races really race.
+pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -663,7 +681,7 @@ pub(crate) fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// Five owners contending for one key: takeovers, stale owners and replays.
-pub(crate) const CONTENDED: Shape = Shape {
+pub const CONTENDED: Shape = Shape {
     cases: 40,
     owners: 5,
     keys: 1,
@@ -671,7 +689,7 @@ pub(crate) const CONTENDED: Shape = Shape {
 };
 
 /// Three owners on three keys: keys must not see each other's records.
-pub(crate) const SPREAD: Shape = Shape {
+pub const SPREAD: Shape = Shape {
     cases: 40,
     owners: 3,
     keys: 3,

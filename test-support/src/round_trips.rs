@@ -12,6 +12,8 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::urls::{host_port, via};
+
 /// A proxy in front of a PostgreSQL server, counting round trips.
 #[derive(Debug, Clone)]
 pub struct RoundTrips {
@@ -22,7 +24,7 @@ pub struct RoundTrips {
 impl RoundTrips {
     /// Proxies to the server of `url` (a `postgres://` URL).
     pub async fn proxy(url: &str) -> Self {
-        let upstream = host_port(url);
+        let upstream = host_port(url, 5432);
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
         let addr = listener.local_addr().expect("an address");
         let count = Arc::new(AtomicU64::new(0));
@@ -44,17 +46,9 @@ impl RoundTrips {
     /// `url` with its host and port replaced by the proxy's, and TLS off
     /// (the count reads the server's messages in the clear).
     pub fn url(&self, url: &str) -> String {
-        let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
-        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-        let user = authority
-            .rsplit_once('@')
-            .map(|(user, _)| format!("{user}@"))
-            .unwrap_or_default();
-        let separator = if path.contains('?') { '&' } else { '?' };
-        format!(
-            "{scheme}://{user}{}/{path}{separator}sslmode=disable",
-            self.addr
-        )
+        let url = via(url, self.addr);
+        let separator = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{separator}sslmode=disable")
     }
 
     /// Round trips so far, once the count has been still for a while (a
@@ -70,18 +64,6 @@ impl RoundTrips {
             }
             last = now;
         }
-    }
-}
-
-/// The `host:port` of a `postgres://` URL.
-fn host_port(url: &str) -> String {
-    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let authority = rest.split('/').next().unwrap_or(rest);
-    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    if host.contains(':') {
-        host.to_owned()
-    } else {
-        format!("{host}:5432")
     }
 }
 
@@ -137,6 +119,5 @@ mod tests {
             trips.url("postgres://postgres@127.0.0.1:5432/test"),
             "postgres://postgres@127.0.0.1:7000/test?sslmode=disable"
         );
-        assert_eq!(host_port("postgres://u:p@db/x"), "db:5432");
     }
 }

@@ -1,17 +1,10 @@
-//! `redis-server` processes of a test's own: primaries, replicas and
-//! sentinels on free loopback ports, in a temporary directory, killed (and
-//! the directory removed) when dropped.
-//!
-//! Self-contained (std and tokio only; it speaks just enough RESP itself),
-//! so any test crate can include it:
-//! `mod support { pub(crate) mod redis_servers; }` next to
-//! `support/redis_servers.rs`, or `#[path = ...]` from another crate.
+//! `redis-server` processes of a test's own: primaries, replicas, cluster
+//! nodes and sentinels on free loopback ports, in a temporary directory,
+//! killed (and the directory removed) when dropped. It speaks just enough
+//! RESP itself ([`query`]).
 //!
 //! Without `redis-server` on the PATH, `start` returns `None` after saying
 //! the test is skipped, or panics under `CI=true`.
-
-// Each test binary that includes this module uses a part of it.
-#![allow(dead_code)]
 
 use std::collections::HashSet;
 use std::io::{self, BufRead, BufReader, Write};
@@ -25,19 +18,46 @@ use std::time::{Duration, Instant};
 /// How long a server may take to answer `PING` after it is started.
 const STARTUP: Duration = Duration::from_secs(10);
 
-/// A loopback port that is free now and that this process has not handed
-/// out before.
-pub(crate) fn free_port() -> u16 {
+/// A loopback port that is free now, that this process has not handed out
+/// before, and whose `+ 10000` (a Redis Cluster node's bus port) is free
+/// too.
+pub fn free_port() -> u16 {
     static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
     loop {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|listener| listener.local_addr())
             .map(|addr| addr.port())
             .expect("an ephemeral loopback port");
+        if !(1024..55535).contains(&port) || TcpListener::bind(("127.0.0.1", port + 10000)).is_err()
+        {
+            continue;
+        }
         let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
         if given.get_or_insert_with(HashSet::new).insert(port) {
             return port;
         }
+    }
+}
+
+/// Whether `redis-cli -p port COMMAND...` prints `expect`.
+pub fn redis_cli_says(port: u16, command: &[&str], expect: &str) -> bool {
+    Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(command)
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(expect))
+}
+
+/// Polls `ready` every 50 ms for up to 30 s.
+///
+/// # Panics
+///
+/// If it never became true, naming `what`.
+pub fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ready() {
+        assert!(Instant::now() < deadline, "{what} never happened");
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -80,30 +100,40 @@ struct Process {
     port: u16,
     dir: PathBuf,
     log: &'static str,
+    args: Vec<String>,
     child: Option<Child>,
 }
 
 impl Process {
     /// Spawns `redis-server ARGS` in `dir` and waits until it answers `PING`.
     fn spawn(port: u16, dir: PathBuf, log: &'static str, args: &[String]) -> Self {
+        let mut process = Self {
+            port,
+            dir,
+            log,
+            args: args.to_vec(),
+            child: None,
+        };
+        process.run();
+        process
+    }
+
+    /// Starts the process (again), with the arguments it was made with.
+    fn run(&mut self) {
         let child = Command::new("redis-server")
-            .args(args)
-            .current_dir(&dir)
+            .args(&self.args)
+            .current_dir(&self.dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("start redis-server");
-        let mut process = Self {
-            port,
-            dir,
-            log,
-            child: Some(child),
-        };
+        self.child = Some(child);
+        let (port, process) = (self.port, self);
         let deadline = Instant::now() + STARTUP;
         loop {
             if matches!(query(port, &["PING"]), Ok(Reply::Status(pong)) if pong == "PONG") {
-                return process;
+                return;
             }
             let exited = process
                 .child
@@ -161,7 +191,7 @@ impl Drop for Process {
 
 /// A Redis server owned by one test.
 #[derive(Debug)]
-pub(crate) struct RedisServer {
+pub struct RedisServer {
     process: Process,
 }
 
@@ -169,13 +199,13 @@ impl RedisServer {
     /// Starts a server on a free port, with `extra_args` as `redis-server`
     /// takes them (`&["--replicaof", "127.0.0.1", "6379"]`); no persistence.
     /// `None` if `redis-server` is not installed (a panic under `CI=true`).
-    pub(crate) fn start(extra_args: &[&str]) -> Option<Self> {
+    pub fn start(extra_args: &[&str]) -> Option<Self> {
         Self::start_on(free_port(), extra_args)
     }
 
     /// [`start`](Self::start) on `port`: a server killed with
     /// [`kill_9`](Self::kill_9) can be started again where it was.
-    pub(crate) fn start_on(port: u16, extra_args: &[&str]) -> Option<Self> {
+    pub fn start_on(port: u16, extra_args: &[&str]) -> Option<Self> {
         redis_server_installed()?;
         let dir = server_dir(port);
         let mut args: Vec<String> = [
@@ -207,7 +237,7 @@ impl RedisServer {
 
     /// Starts a replica of the server on `primary_port` and waits until it
     /// has synced (`master_link_status:up`).
-    pub(crate) fn replica_of(primary_port: u16) -> Option<Self> {
+    pub fn replica_of(primary_port: u16) -> Option<Self> {
         let replica = Self::start(&["--replicaof", "127.0.0.1", &primary_port.to_string()])?;
         let deadline = Instant::now() + STARTUP;
         while !replica
@@ -226,37 +256,53 @@ impl RedisServer {
     }
 
     /// Its port.
-    pub(crate) fn port(&self) -> u16 {
+    pub fn port(&self) -> u16 {
         self.process.port
     }
 
     /// `redis://127.0.0.1:PORT`.
-    pub(crate) fn url(&self) -> String {
+    pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port())
     }
 
     /// Kills it with SIGKILL: no goodbye to its clients, no shutdown.
-    pub(crate) fn kill_9(&mut self) {
+    pub fn kill_9(&mut self) {
         self.process.kill_9();
     }
 
+    /// Stops it as [`kill_9`](Self::kill_9) does and waits until its port
+    /// refuses connections.
+    pub fn stop(&mut self) {
+        self.process.kill_9();
+        let port = self.port();
+        wait_until("redis-server stopping", || {
+            TcpStream::connect(("127.0.0.1", port)).is_err()
+        });
+    }
+
+    /// Starts it again on its port, with its arguments, empty (it keeps
+    /// nothing on disk).
+    pub fn restart(&mut self) {
+        self.process.run();
+    }
+
     /// Stops it (SIGSTOP): its connections stay open and nothing answers.
-    pub(crate) fn pause(&self) {
+    pub fn pause(&self) {
         self.process.signal("-STOP");
     }
 
     /// Lets a [`pause`](Self::pause)d server run again (SIGCONT).
-    pub(crate) fn resume(&self) {
+    pub fn resume(&self) {
         self.process.signal("-CONT");
     }
 
     /// Runs one command on it, on a connection of its own.
-    pub(crate) fn query(&self, args: &[&str]) -> io::Result<Reply> {
+    pub fn query(&self, args: &[&str]) -> io::Result<Reply> {
         query(self.port(), args)
     }
 
     /// `INFO section`, or an empty string if it does not answer.
-    pub(crate) fn info(&self, section: &str) -> String {
+    pub fn info(&self, section: &str) -> String {
         match self.query(&["INFO", section]) {
             Ok(Reply::Bulk(Some(info))) => info,
             _ => String::new(),
@@ -266,7 +312,7 @@ impl RedisServer {
 
 /// A Redis Sentinel monitoring one primary, owned by one test.
 #[derive(Debug)]
-pub(crate) struct Sentinel {
+pub struct Sentinel {
     process: Process,
     service: String,
 }
@@ -277,13 +323,13 @@ impl Sentinel {
     /// `down_after_ms` and a failover timeout of twice that (at least a
     /// second). `None` if `redis-server` is not installed (a panic under
     /// `CI=true`).
-    pub(crate) fn start(service_name: &str, primary_port: u16, down_after_ms: u64) -> Option<Self> {
+    pub fn start(service_name: &str, primary_port: u16, down_after_ms: u64) -> Option<Self> {
         Self::start_on(free_port(), service_name, primary_port, down_after_ms)
     }
 
     /// [`start`](Self::start) on `port`: for a client given the address
     /// before the sentinel runs.
-    pub(crate) fn start_on(
+    pub fn start_on(
         port: u16,
         service_name: &str,
         primary_port: u16,
@@ -313,12 +359,12 @@ impl Sentinel {
     }
 
     /// Its port.
-    pub(crate) fn port(&self) -> u16 {
+    pub fn port(&self) -> u16 {
         self.process.port
     }
 
     /// `redis+sentinel://127.0.0.1:PORT/SERVICE_NAME`.
-    pub(crate) fn url(&self) -> String {
+    pub fn url(&self) -> String {
         format!(
             "redis+sentinel://127.0.0.1:{}/{}",
             self.port(),
@@ -327,23 +373,23 @@ impl Sentinel {
     }
 
     /// The service's name.
-    pub(crate) fn service(&self) -> &str {
+    pub fn service(&self) -> &str {
         &self.service
     }
 
     /// Kills it with SIGKILL.
-    pub(crate) fn kill_9(&mut self) {
+    pub fn kill_9(&mut self) {
         self.process.kill_9();
     }
 
     /// Runs one command on it, on a connection of its own.
-    pub(crate) fn query(&self, args: &[&str]) -> io::Result<Reply> {
+    pub fn query(&self, args: &[&str]) -> io::Result<Reply> {
         query(self.port(), args)
     }
 
     /// `SENTINEL FAILOVER name`: the sentinel's answer, `Err` with its
     /// error (`NOGOODSLAVE`, `INPROG`, ...) if it refused.
-    pub(crate) fn failover(&self) -> Result<(), String> {
+    pub fn failover(&self) -> Result<(), String> {
         match query(self.port(), &["SENTINEL", "FAILOVER", &self.service]) {
             Ok(Reply::Status(_)) => Ok(()),
             Ok(Reply::Error(err)) => Err(err),
@@ -353,7 +399,7 @@ impl Sentinel {
     }
 
     /// The port of the primary the sentinel reports now, if it reports one.
-    pub(crate) fn primary_port(&self) -> Option<u16> {
+    pub fn primary_port(&self) -> Option<u16> {
         let reply = query(
             self.port(),
             &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", &self.service],
@@ -370,7 +416,7 @@ impl Sentinel {
 
     /// How many replicas the sentinel knows and considers healthy (not
     /// down or disconnected, their link to the primary up).
-    pub(crate) fn healthy_replicas(&self) -> usize {
+    pub fn healthy_replicas(&self) -> usize {
         let Ok(Reply::Array(Some(replicas))) =
             query(self.port(), &["SENTINEL", "REPLICAS", &self.service])
         else {
@@ -400,7 +446,7 @@ impl Sentinel {
     /// # Panics
     ///
     /// If it does not within `within`, saying what it reports instead.
-    pub(crate) async fn wait_for_primary(&self, port: u16, within: Duration) {
+    pub async fn wait_for_primary(&self, port: u16, within: Duration) {
         let deadline = Instant::now() + within;
         loop {
             let reported = self.primary_port();
@@ -423,7 +469,7 @@ impl Sentinel {
     /// # Panics
     ///
     /// If it does not within `within`.
-    pub(crate) async fn wait_for_replicas(&self, count: usize, within: Duration) {
+    pub async fn wait_for_replicas(&self, count: usize, within: Duration) {
         let deadline = Instant::now() + within;
         loop {
             let healthy = self.healthy_replicas();
@@ -445,7 +491,7 @@ impl Sentinel {
     /// # Panics
     ///
     /// If it keeps refusing for `within`.
-    pub(crate) async fn start_failover(&self, within: Duration) {
+    pub async fn start_failover(&self, within: Duration) {
         let deadline = Instant::now() + within;
         loop {
             match self.failover() {
@@ -464,7 +510,7 @@ impl Sentinel {
     /// [`start_failover`](Self::start_failover), then
     /// [`wait_for_primary`](Self::wait_for_primary) at `new_primary`, all
     /// within `within`.
-    pub(crate) async fn fail_over_to(&self, new_primary: u16, within: Duration) {
+    pub async fn fail_over_to(&self, new_primary: u16, within: Duration) {
         let deadline = Instant::now() + within;
         self.start_failover(within).await;
         self.wait_for_primary(
@@ -477,7 +523,7 @@ impl Sentinel {
 
 /// A RESP reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Reply {
+pub enum Reply {
     /// `+OK`
     Status(String),
     /// `-ERR ...`
@@ -492,7 +538,7 @@ pub(crate) enum Reply {
 
 /// Runs one command on the server at `127.0.0.1:port`, on a connection of
 /// its own, with one-second timeouts.
-pub(crate) fn query(port: u16, args: &[&str]) -> io::Result<Reply> {
+pub fn query(port: u16, args: &[&str]) -> io::Result<Reply> {
     let timeout = Duration::from_secs(1);
     let stream = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), timeout)?;
     stream.set_read_timeout(Some(timeout))?;

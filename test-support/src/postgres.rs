@@ -1,5 +1,5 @@
-//! A PostgreSQL server of the suite's own (initdb in a temporary directory,
-//! a free loopback port), so that restarting it mid-load touches nothing
+//! A PostgreSQL server of a test's own (initdb in a temporary directory,
+//! a free loopback port), so that crashing it mid-load touches nothing
 //! else on the machine. The binaries come from `IDEM_TEST_PG_BINDIR`, or
 //! the newest `/usr/lib/postgresql/*/bin`. As root, the server runs as the
 //! `postgres` user (PostgreSQL refuses to run as root).
@@ -8,11 +8,10 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::redis_servers::free_port;
-use crate::support::unique;
+use crate::{free_port, missing, unique};
 
 /// A private PostgreSQL server; stopped and removed on drop.
-pub(crate) struct Postgres {
+pub struct Postgres {
     bin: PathBuf,
     dir: PathBuf,
     port: u16,
@@ -23,9 +22,9 @@ pub(crate) struct Postgres {
 impl Postgres {
     /// Creates a cluster and starts it; `None` (the suite skipped, said
     /// why) if PostgreSQL's server binaries are not here, unless `CI=true`.
-    pub(crate) fn start() -> Option<Self> {
+    pub fn start() -> Option<Self> {
         let Some(bin) = bindir() else {
-            crate::missing("PostgreSQL server binaries (initdb, pg_ctl)");
+            missing("PostgreSQL server binaries (initdb, pg_ctl)");
             return None;
         };
         let as_postgres = std::fs::metadata("/proc/self")
@@ -58,22 +57,22 @@ impl Postgres {
     }
 
     /// `postgres://postgres@127.0.0.1:PORT/postgres`.
-    pub(crate) fn url(&self) -> String {
+    pub fn url(&self) -> String {
         self.url_via(self.port)
     }
 
     /// The same database reached through another port (a proxy's).
-    pub(crate) fn url_via(&self, port: u16) -> String {
+    pub fn url_via(&self, port: u16) -> String {
         format!("postgres://postgres@127.0.0.1:{port}/postgres")
     }
 
     /// Its port.
-    pub(crate) fn port(&self) -> u16 {
+    pub fn port(&self) -> u16 {
         self.port
     }
 
     /// Starts the server (again), waiting until it accepts connections.
-    pub(crate) fn start_again(&self) {
+    pub fn start_again(&self) {
         let options = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=400 -c fsync=off \
              -c full_page_writes=off",
@@ -97,7 +96,7 @@ impl Postgres {
 
     /// Stops it as a crash would (`pg_ctl stop -m immediate`): every
     /// session is cut, nothing is flushed, recovery runs at the next start.
-    pub(crate) fn crash(&self) {
+    pub fn crash(&self) {
         run(self
             .command("pg_ctl")
             .args(["-D", &self.data(), "-m", "immediate", "-w", "stop"]));
