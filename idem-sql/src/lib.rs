@@ -154,6 +154,7 @@ pub mod conformance;
 mod dialect;
 #[cfg(feature = "postgres")]
 mod hex_digits;
+mod identifier;
 #[cfg(feature = "mysql")]
 mod mysql;
 mod open;
@@ -176,12 +177,18 @@ use batch::Batches;
 pub use builder::SqlStoreBuilder;
 pub use dialect::Dialect;
 use dialect::{ClaimArgs, ClaimStep, Queries, Started};
-pub use dialect::{Value, bind_all};
-/// How idem-guards writes its PostgreSQL statements' values into their
-/// text (ARCHITECTURE.md, "Behind a pooler"); not for users.
-#[cfg(feature = "postgres")]
+/// What idem-guards builds its statements with: the values it binds, how
+/// it binds them, the check of its identifiers and, on PostgreSQL, its
+/// values written into the text (ARCHITECTURE.md, "Behind a pooler"); with
+/// the SQL text items of [`Dialect`], hidden there for the same reason.
+///
+/// For idem-guards only: not part of idem-sql's API, and not covered by
+/// semver.
 #[doc(hidden)]
-pub mod __postgres {
+pub mod __guards {
+    pub use crate::dialect::{Value, bind_all};
+    pub use crate::identifier::validate_identifier;
+    #[cfg(feature = "postgres")]
     pub use crate::postgres::inline;
 }
 /// idem-core, for the conformance macros' expansions.
@@ -420,61 +427,5 @@ fn unavailable(err: sqlx::Error) -> Error {
             Err(source) => Error::new(ErrorKind::Corrupt, source),
         },
         other => Error::unavailable(other),
-    }
-}
-
-/// Checks that `name` is an identifier, as every table and column name
-/// spliced into SQL unquoted must be (the stores' tables, the guards' tables
-/// and columns): ASCII letters, digits and underscores, not starting with a
-/// digit, at most 48 bytes. An [`ErrorKind::Config`] error if not.
-///
-/// ```
-/// use idem_sql::validate_identifier;
-///
-/// assert!(validate_identifier("idem_records").is_ok());
-/// assert!(validate_identifier("records; DROP TABLE users").is_err());
-/// ```
-pub fn validate_identifier(name: &str) -> Result<(), Error> {
-    let mut bytes = name.bytes();
-    let valid = name.len() <= 48
-        && bytes
-            .next()
-            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
-        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_');
-    if valid {
-        Ok(())
-    } else {
-        Err(Error::new(
-            ErrorKind::Config,
-            format!(
-                "{name:?} is not a valid SQL identifier: use ASCII letters, digits and \
-                 underscores, not starting with a digit, at most 48 bytes"
-            ),
-        ))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn table_names_are_identifiers() {
-        for ok in ["idem_records", "_t", "T2", &"a".repeat(48)] {
-            assert!(validate_identifier(ok).is_ok(), "{ok}");
-        }
-        for bad in [
-            "",
-            "1t",
-            "t-t",
-            "t;drop table x",
-            "s.t",
-            "t t",
-            &"a".repeat(49),
-            "é",
-        ] {
-            let err = validate_identifier(bad).unwrap_err();
-            assert_eq!(err.kind(), ErrorKind::Config, "{bad}");
-        }
     }
 }
