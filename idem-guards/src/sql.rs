@@ -7,7 +7,7 @@ use std::marker::PhantomData;
 
 use crate::GuardDb;
 use idem_core::{Error, ErrorKind};
-pub(crate) use idem_sql::Value;
+pub(crate) use idem_sql::__guards::Value;
 
 /// A validated SQL identifier: a table or column name made of ASCII letters,
 /// digits and underscores, not starting with a digit, at most 48 bytes.
@@ -28,13 +28,16 @@ pub struct Ident(String);
 impl Ident {
     /// `name` if it is an identifier, else an [`ErrorKind::Config`] error.
     pub fn new(name: &str) -> Result<Self, Error> {
-        idem_sql::validate_identifier(name)?;
+        idem_sql::__guards::validate_identifier(name)?;
         Ok(Self(name.to_owned()))
     }
 
     /// A name known at compile time to be an identifier.
     pub(crate) fn known(name: &'static str) -> Self {
-        debug_assert!(idem_sql::validate_identifier(name).is_ok(), "{name}");
+        debug_assert!(
+            idem_sql::__guards::validate_identifier(name).is_ok(),
+            "{name}"
+        );
         Self(name.to_owned())
     }
 

@@ -1,19 +1,13 @@
 //! Group commit: the plain writes of a database with one writer at a time
-//! (SQLite), run together.
+//! (SQLite), run together (what for: docs/stores.md, "SQLite").
 //!
-//! A plain claim writes twice (the claim, then its completion), and on
-//! SQLite each write was a transaction of its own: a turn to write, a
-//! connection, a statement on the connection's worker thread, a commit (a
-//! WAL append, and an fsync with `synchronous = FULL`), then the turn
-//! handed to the next writer's task. One after the other, those hand-offs
-//! between threads bounded the store, with the machine half idle. Here a
-//! write joins a queue, and one runner takes all the writes waiting, on one
+//! A write joins a queue, and one runner takes all the writes waiting, on one
 //! turn, and the dialect runs them in as few statements as it can
 //! (`Dialect::run_writes`; SQLite: every claim in one statement, every
 //! completion in another, `sql/sqlite.rs`).
 //!
 //! - A write is answered once the statement that carried it has committed:
-//!   a claim is acquired only once its row is durable, as before.
+//!   a claim is acquired only once its row is durable.
 //! - A statement is all or nothing: one that fails fails the writes it
 //!   carried, and none of them stays. Writes are independent of one
 //!   another (each its own key and owner), so the batch needs no

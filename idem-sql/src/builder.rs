@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use super::{DEFAULT_LOCK_TIMEOUT, DEFAULT_TABLE, Dialect, SqlStore, validate_identifier};
+use super::identifier::validate_identifier;
+use super::{DEFAULT_LOCK_TIMEOUT, DEFAULT_TABLE, Dialect, SqlStore};
 use idem_core::Error;
 
 /// The longest lock timeout: 24 days, under PostgreSQL's largest

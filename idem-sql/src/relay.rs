@@ -1,21 +1,15 @@
 //! The write lock relayed from one transactional claim to the next, on a
-//! database with one writer at a time (SQLite).
+//! database with one writer at a time (SQLite). What it is for, and why
+//! it is let go now and then: docs/stores.md, "SQLite".
 //!
 //! A transactional claim there holds the turn to write (`writer.rs`) and
-//! the database's write lock from its start to its commit, and under load
-//! the next claim waits for both. Were the turn given back and taken
-//! again, the next claim would start with a call of its own to SQLite's
-//! worker thread (BEGIN IMMEDIATE and the read of its key) after the
-//! commit's: four calls under the turn per first request, the claim's, the
-//! handler's two and the commit's, where the bare endpoint's own
-//! transaction makes three. Instead a committing claim that finds another
-//! waiting here starts that one in its commit's call
-//! (`Dialect::tx_commit_and_claim`: COMMIT, BEGIN IMMEDIATE and the next
-//! key's read on the same connection) and hands it the transaction, what
-//! its read found and the turn ([`Baton`]). The next claim starts where
-//! the last one's commit ends, without a call of its own under the turn;
-//! at most [`MOST_IN_A_ROW`] times in a row, then the lock is let go for
-//! writers outside the store.
+//! the database's write lock from its start to its commit. A committing
+//! claim that finds another waiting here starts that one in its commit's
+//! call (`Dialect::tx_commit_and_claim`: COMMIT, BEGIN IMMEDIATE and the
+//! next key's read on the same connection) and hands it the transaction,
+//! what its read found and the turn ([`Baton`]), so the next claim starts
+//! without a call of its own under the turn; at most [`MOST_IN_A_ROW`]
+//! times in a row, then the lock is let go.
 //!
 //! The turn is never in two hands: a claim is taken from the line only by
 //! the turn's holder, which hands it on with the baton or gives it back to
@@ -49,27 +43,10 @@ use super::writer::{Turn, WriterTurns};
 pub(crate) const RELAYED: &str = "idem_sqlite_claims_relayed_total";
 
 /// The most claims handed the lock one after the other; then a commit lets
-/// it go, for as long as the next claim takes to start on its own.
-///
-/// Writers outside the store (the application's own writes through its
-/// pool, other processes) meet SQLite's busy handler, which sleeps and
-/// tries again: they get the lock only when they try in a moment it is
-/// free. Passed on without ever being let go, under sustained load it is
-/// never free. Measured (release build, twice each) with 16 tasks of
-/// transactional claims and a writer outside the store, one write every
-/// 5 ms on a 500 ms busy timeout, for 4 s: with no limit 8 and 3 of that
-/// writer's writes went through and 7 and 7 timed out; with four in a row,
-/// 29 and 34 went through and 2 and 4 timed out; before the relay, 41 and
-/// 40, and 2 and 5. Letting the lock go for one call's round trip instead
-/// (the commit and the next claim's start in two calls) was not enough:
-/// 12 and 13 went through, 6 and 5 timed out. The price is in
-/// BENCHMARKS.md, and it is the point: a writer whose busy handler tries
-/// about 14 times in a 500 ms busy timeout (SQLite sleeps 1, 2, 5, 10, 15,
-/// 20, 25, 25, 25, 50, 50, then 100 ms between tries) finds a lock that is
-/// free a share `f` of the time on none of them with a chance of about
-/// `(1 - f)^14`: near 5% takes `f` near a fifth, and a fifth of the time
-/// with the lock free is about the fifth of the throughput the limit
-/// costs. `tests/sqlite_relay.rs` checks the bound.
+/// it go, for as long as the next claim takes to start on its own, so that
+/// writers outside the store find it free now and then. Why four, and what
+/// it costs: docs/stores.md, "SQLite". `tests/sqlite_relay.rs` checks the
+/// bound.
 const MOST_IN_A_ROW: usize = 4;
 
 /// The transactional claims waiting for the turn to write, in order; `T`

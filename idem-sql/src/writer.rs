@@ -1,10 +1,9 @@
 //! Turns to write, on a database that has one writer at a time (SQLite).
 //!
 //! SQLite lets one connection write at a time and makes the others wait in
-//! its busy handler, which sleeps (1, 2, 5, 10 ms and longer) and tries
-//! again: under concurrent first requests most of a write's time was spent
-//! asleep. So the store's own writes in this process take turns here
-//! instead, first come first served, each handed the turn the moment the
+//! its busy handler, which sleeps and tries again (why that is slow:
+//! docs/stores.md, "SQLite"). So the store's own writes in this process
+//! take turns here instead, first come first served, each handed the turn the moment the
 //! one before it is done. A batch takes its turn before a connection, and
 //! so does a transactional claim, so the writes waiting for a turn leave
 //! the pool to readers; under load a transactional claim's turn comes

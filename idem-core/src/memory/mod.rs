@@ -13,14 +13,7 @@
 //! evicts the one nearest to its expiry in logarithmic time, one record at
 //! a time, instead of sorting the shard.
 //!
-//! Why not a cache crate: claiming a fresh key and completing it are two
-//! writes of a new entry, and a general-purpose cache pays for its admission
-//! and eviction bookkeeping on each (moka's entry API, which this store
-//! used before, measured 9-13 µs per claim and completion in one thread and
-//! ~25 µs of CPU per request under HTTP load; BENCHMARKS.md has the before
-//! and after). An idempotency record needs less: an exact expiry,
-//! and when memory runs short, the completed records nearest to their expiry
-//! go first.
+//! Why not a cache crate: docs/stores.md, "The memory store".
 
 #[cfg(idem_loom)]
 use ::loom::sync::{Mutex, MutexGuard};

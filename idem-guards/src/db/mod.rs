@@ -16,7 +16,8 @@ use std::future::Future;
 
 use idem_sql::sqlx;
 
-use idem_sql::{Dialect, Value};
+use idem_sql::__guards::Value;
+use idem_sql::Dialect;
 
 pub(crate) use statements::EventRow;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]

@@ -1,7 +1,6 @@
 //! The guards on PostgreSQL.
 
-use idem_sql::__postgres::inline;
-use idem_sql::Value;
+use idem_sql::__guards::{Value, inline};
 use idem_sql::sqlx::postgres::PgConnection;
 use idem_sql::sqlx::{self, AssertSqlSafe, Postgres};
 

@@ -1,8 +1,8 @@
 //! The guards on SQLite.
 
+use idem_sql::__guards::{Value, bind_all};
 use idem_sql::sqlx::sqlite::SqliteConnection;
 use idem_sql::sqlx::{self, AssertSqlSafe, Sqlite};
-use idem_sql::{Value, bind_all};
 
 use super::{EventRow, GuardDb, event_row, guard_statements, int_columns, sealed};
 

@@ -20,7 +20,8 @@ pub enum Value<'a> {
 ///
 /// ```
 /// # #[cfg(feature = "sqlite")] {
-/// use idem_sql::{Value, bind_all, sqlx};
+/// use idem_sql::__guards::{Value, bind_all};
+/// use idem_sql::sqlx;
 ///
 /// let query = bind_all(
 ///     sqlx::query::<sqlx::Sqlite>("SELECT ?1, ?2"),

@@ -4,10 +4,11 @@
 //! `postgres.rs`, `mysql.rs` and `sqlite.rs`; SQL text elsewhere is built
 //! from them.
 //!
-//! [`Dialect`] is sealed (implemented for the three databases only). Its
-//! SQL text items are documented public API: idem-guards builds its
-//! statements from them, and its own `GuardDb` holds what only the guards
-//! run. The stores' statements are hidden: they are how the stores run.
+//! [`Dialect`] is sealed (implemented for the three databases only) and
+//! public only as a bound (`SqlStore<DB: Dialect>`). Its items are hidden:
+//! the SQL text items are what idem-guards builds its statements from (with
+//! `crate::__guards`; its own `GuardDb` holds what only the guards run), the
+//! stores' statements how the stores run. Neither is covered by semver.
 
 mod bind;
 mod record;
@@ -50,43 +51,52 @@ pub type Started<DB> = (sqlx::Transaction<'static, DB>, ClaimStep);
 /// # }
 /// ```
 pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
-    // ----- SQL text -----
+    // ----- SQL text, for idem-guards (`crate::__guards`) -----
 
     /// The `n`-th parameter of a statement, counted from 1: `$1`, `?` or
     /// `?1`.
+    #[doc(hidden)]
     fn placeholder(n: usize) -> String;
 
     /// The database's clock, as a value of a [`Dialect::TIMESTAMP`] column.
+    #[doc(hidden)]
     const NOW: &'static str;
 
     /// The database's clock plus `ms` (a parameter or literal) milliseconds,
     /// as a value of a [`Dialect::TIMESTAMP`] column.
+    #[doc(hidden)]
     fn now_plus_ms(ms: &str) -> String;
 
     /// Milliseconds from the database's clock until the timestamp
     /// `column`, as a 64-bit integer.
+    #[doc(hidden)]
     fn ms_until(column: &str) -> String;
 
     /// `expr` read as a 64-bit integer, whatever integer type it has.
+    #[doc(hidden)]
     fn int(expr: &str) -> String;
 
     /// `INSERT INTO {into} VALUES ({values})` that inserts nothing, without
     /// an error, where the row would repeat a unique key. MySQL's `INSERT
     /// IGNORE` also turns some other errors (a value too long) into
     /// warnings: check values first.
+    #[doc(hidden)]
     fn insert_or_skip(into: &str, values: &str) -> String;
 
     /// What a re-read appends to lock the row and read its latest committed
     /// version (MySQL's plain reads see the transaction's snapshot).
+    #[doc(hidden)]
     const FOR_UPDATE: &'static str;
 
     /// What a re-read appends to read the latest committed version of a row
     /// under a shared lock: enough where the caller only needs to see it,
     /// and no deadlock with others that hold the same shared lock (as
     /// MySQL's duplicate-key check leaves them).
+    #[doc(hidden)]
     const FOR_SHARE: &'static str;
 
     /// The type of a timestamp column: what [`Dialect::NOW`] is.
+    #[doc(hidden)]
     const TIMESTAMP: &'static str;
 
     /// The type of a short text key column (at most 255 bytes), compared
@@ -97,12 +107,15 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
     /// them): bind UTF-8 text to it as usual, but read it back as text
     /// with `CONVERT(column USING utf8mb4)`, as sqlx decodes a binary
     /// column as bytes only.
+    #[doc(hidden)]
     const SHORT_TEXT: &'static str;
 
     /// The type of a 32-byte hash column.
+    #[doc(hidden)]
     const HASH: &'static str;
 
     /// What follows `CREATE TABLE (...)`.
+    #[doc(hidden)]
     const TABLE_OPTIONS: &'static str;
 
     // ----- the stores -----

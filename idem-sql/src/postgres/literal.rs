@@ -24,14 +24,13 @@ pub(crate) fn literal(value: &Value<'_>) -> String {
     }
 }
 
-/// `sql` with each parameter `$n` replaced by the [`literal`] of
+/// `sql` with each parameter `$n` replaced by the `literal` of
 /// `args[n - 1]`, to be sent as a simple query. `$` inside a quoted literal,
 /// a quoted identifier or a comment, or within a name (`a$1`), is left as
 /// it is. An error if a parameter has no argument.
 ///
 /// ```
-/// use idem_sql::__postgres::inline;
-/// use idem_sql::Value;
+/// use idem_sql::__guards::{Value, inline};
 ///
 /// let sql = inline("SELECT '$1', $1 + $2", &[Value::Int(-1), Value::Int(2)]).unwrap();
 /// assert_eq!(sql, "SELECT '$1', CAST(-1 AS BIGINT) + CAST(2 AS BIGINT)");
