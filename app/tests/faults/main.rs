@@ -13,14 +13,20 @@
 
 mod apps;
 mod checker;
+mod daemon;
+mod etcd;
+mod haproxy;
+mod patroni;
 mod pgbouncer;
 mod postgres;
 mod proxy;
+mod redis_cluster;
 #[path = "../../../idem-redis/tests/support/redis_servers.rs"]
 mod redis_servers;
 mod scenarios;
 #[path = "../support/mod.rs"]
 mod support;
+mod topology;
 mod workload;
 
 use std::fmt::Write as _;

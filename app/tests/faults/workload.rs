@@ -95,6 +95,8 @@ pub(crate) struct Answer {
     pub(crate) status: StatusCode,
     pub(crate) body: Value,
     pub(crate) replayed: bool,
+    /// When it came.
+    pub(crate) at: Instant,
 }
 
 /// An operation and the final answer of each copy sent (`None`: none came
@@ -339,6 +341,7 @@ impl Workload {
                                 status,
                                 body,
                                 replayed,
+                                at: Instant::now(),
                             });
                         }
                         // The answer was cut off: ask again.
