@@ -16,6 +16,7 @@ mod checker;
 mod daemon;
 mod etcd;
 mod haproxy;
+mod netns;
 mod patroni;
 mod pgbouncer;
 mod postgres;

@@ -109,6 +109,31 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         what: "Patroni, asynchronous: the standby cut off 2 s, then the primary's node crashed and the stale standby promoted",
         run: |pg| Box::pin(topology::patroni_crash_async(pg)),
     },
+    Scenario {
+        name: "partition-postgres",
+        what: "each instance on a host of its own; one cut from PostgreSQL for 5 s (iptables DROP)",
+        run: |pg| Box::pin(topology::partition_postgres(pg)),
+    },
+    Scenario {
+        name: "partition-redis",
+        what: "each instance on a host of its own; one cut from Redis for 5 s",
+        run: |pg| Box::pin(topology::partition_redis(pg)),
+    },
+    Scenario {
+        name: "partition-clients",
+        what: "each instance on a host of its own; one cut from its clients for 5 s",
+        run: |pg| Box::pin(topology::partition_clients(pg)),
+    },
+    Scenario {
+        name: "partition-plain-short",
+        what: "plain mode (2 s lease): one instance cut from both stores for 0.5 s, shorter than a lease",
+        run: |pg| Box::pin(topology::partition_plain_short(pg)),
+    },
+    Scenario {
+        name: "partition-plain-long",
+        what: "plain mode (2 s lease): one instance cut from both stores for 6 s, longer than a lease",
+        run: |pg| Box::pin(topology::partition_plain_long(pg)),
+    },
 ];
 
 /// One row of the table.

@@ -28,8 +28,28 @@ impl Orders {
 
     /// [`Orders::start`], with more arguments (`--lease-ms 1000`).
     pub(crate) fn start_with(database: &str, redis: Option<&str>, extra: &[&str]) -> Self {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_orders"));
-        command.args(["--listen", "127.0.0.1:0", "--database", database, "--chaos"]);
+        Self::start_wrapped(&[], "127.0.0.1:0", database, redis, extra)
+    }
+
+    /// [`Orders::start_with`], run through `wrapper` (`ip netns exec NAME`:
+    /// on a host of its own) and listening on `listen`.
+    pub(crate) fn start_wrapped(
+        wrapper: &[String],
+        listen: &str,
+        database: &str,
+        redis: Option<&str>,
+        extra: &[&str],
+    ) -> Self {
+        let binary = env!("CARGO_BIN_EXE_orders");
+        let mut command = match wrapper {
+            [] => Command::new(binary),
+            [program, args @ ..] => {
+                let mut command = Command::new(program);
+                command.args(args).arg(binary);
+                command
+            }
+        };
+        command.args(["--listen", listen, "--database", database, "--chaos"]);
         if let Some(redis) = redis {
             command.args(["--redis", redis]);
         }
