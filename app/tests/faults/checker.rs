@@ -332,6 +332,16 @@ fn check_payment(
             verdict.lost += 1;
             verdict.problem(format!("{name}: a callback answered paid, no credit"));
         }
+        // The payment's creation was acknowledged, then lost in the
+        // failover: its callback found no payment, and that 404 is final
+        // and replayed.
+        [] if may_lose.is_some()
+            && !answers.is_empty()
+            && answers.iter().all(|a| a.status == 404) =>
+        {
+            verdict.acknowledged_lost += 1;
+            verdict.replayed_without_effect += 1;
+        }
         [] => {}
         [amount] => {
             let stored = stored.expect("a credit's payment");

@@ -176,9 +176,10 @@ async fn patroni(
             PatroniFault::CrashBehind => {
                 at(start, 3.0).await;
                 cluster.link(0).set(Mode::Cut);
-                // A commit acknowledged just before the cut may not have
-                // been streamed yet.
-                let cut = Instant::now() - Duration::from_millis(100);
+                // A commit acknowledged shortly before the cut may not
+                // have been streamed yet: an asynchronous standby on a
+                // loaded machine lags by hundreds of milliseconds.
+                let cut = Instant::now() - Duration::from_secs(1);
                 at(start, 5.0).await;
                 cluster.crash(0);
                 let crashed = Instant::now();
