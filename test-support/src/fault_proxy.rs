@@ -65,7 +65,12 @@ pub struct Proxy {
 impl Proxy {
     /// Listens on a free loopback port, forwarding to `upstream`.
     pub async fn start(upstream: SocketAddr) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        Self::start_on(([127, 0, 0, 1], 0).into(), upstream).await
+    }
+
+    /// Listens on `listen` (port 0: a free one), forwarding to `upstream`.
+    pub async fn start_on(listen: SocketAddr, upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind(listen).await.expect("a port");
         let proxy = Self {
             addr: listener.local_addr().expect("an address"),
             mode: Arc::new(Mutex::new(Mode::Pass)),

@@ -1,5 +1,7 @@
 //! What idem's tests share, in one place: the servers they start (Redis,
-//! Redis Sentinel, a PostgreSQL cluster of their own, PgBouncer), where the
+//! Redis Sentinel and Cluster, a PostgreSQL cluster of their own,
+//! PostgreSQL under Patroni with etcd and HAProxy, PgBouncer), hosts of
+//! their own in network namespaces, where the
 //! servers already running are (`servers`), free ports, the TCP proxies
 //! that delay, break or count traffic, the Prometheus scrape, and the HTTP
 //! reply type and service helpers of the layer's tests. Never published; nothing of idem's own
@@ -9,13 +11,19 @@
 //! A server whose binary is not installed skips the test that wanted it,
 //! saying why, or fails it under `CI=true` ([`servers::server_missing`]).
 
+pub mod daemon;
+pub mod etcd;
 pub mod fault_proxy;
+pub mod haproxy;
 pub mod lossy_proxy;
+pub mod netns;
 pub mod orders;
+pub mod patroni;
 pub mod pgbouncer;
 pub mod postgres;
 pub mod prometheus;
 pub mod redis;
+pub mod redis_cluster;
 pub mod reply;
 pub mod round_trips;
 pub mod servers;

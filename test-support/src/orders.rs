@@ -24,8 +24,28 @@ impl Orders {
     /// `extra` arguments (`--lease-ms 1000`), and waits until it says where
     /// it listens.
     pub fn start(bin: &str, database: &str, redis: Option<&str>, extra: &[&str]) -> Self {
-        let mut command = Command::new(bin);
-        command.args(["--listen", "127.0.0.1:0", "--database", database, "--chaos"]);
+        Self::start_wrapped(bin, &[], "127.0.0.1:0", database, redis, extra)
+    }
+
+    /// [`Orders::start`], run through `wrapper` (`ip netns exec NAME`: on a
+    /// host of its own) and listening on `listen`.
+    pub fn start_wrapped(
+        bin: &str,
+        wrapper: &[String],
+        listen: &str,
+        database: &str,
+        redis: Option<&str>,
+        extra: &[&str],
+    ) -> Self {
+        let mut command = match wrapper {
+            [] => Command::new(bin),
+            [program, args @ ..] => {
+                let mut command = Command::new(program);
+                command.args(args).arg(bin);
+                command
+            }
+        };
+        command.args(["--listen", listen, "--database", database, "--chaos"]);
         if let Some(redis) = redis {
             command.args(["--redis", redis]);
         }

@@ -131,7 +131,7 @@ impl Drop for Postgres {
 }
 
 /// Where `initdb` and `pg_ctl` are.
-fn bindir() -> Option<PathBuf> {
+pub(crate) fn bindir() -> Option<PathBuf> {
     if let Ok(dir) = std::env::var("IDEM_TEST_PG_BINDIR") {
         return Some(PathBuf::from(dir));
     }

@@ -25,7 +25,9 @@ struct Args {
     /// Put a Redis fast gate in front of the SQL database (with `--database
     /// memory`, Redis alone keeps the records): `redis://HOST:PORT` for one
     /// server, or `redis+sentinel://[user:password@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB]`
-    /// for the primary Redis Sentinel names, followed through a failover.
+    /// for the primary Redis Sentinel names, followed through a failover,
+    /// or `redis+cluster://HOST:PORT[,HOST:PORT...]` for a Redis Cluster
+    /// (any of its nodes).
     #[arg(long)]
     redis: Option<String>,
     /// Honour the X-Chaos-Delay-Ms and X-Chaos-Fail request headers.

@@ -9,7 +9,10 @@
 //!   `X-Chaos-Fail: 503` (answer 503 before any write),
 //!   `X-Chaos-Fail-After-Write: 500` (answer 500 after the writes and the
 //!   outbox event, so the transaction rolls them back) and
-//!   `X-Chaos-Delay-Ms: N` (sleep after the writes, before the commit).
+//!   `X-Chaos-Delay-Ms: N` (sleep after the writes, before the commit);
+//!   the payment callback honours `X-Chaos-Delay-Ms: N` too (sleep after
+//!   its effect committed, before its answer: a plain handler still
+//!   running when its store goes away).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

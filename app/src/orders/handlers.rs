@@ -112,9 +112,11 @@ pub(crate) struct Callback {
 pub(crate) async fn payment_callback(
     State(app): State<App>,
     Path(payment_no): Path<String>,
+    headers: HeaderMap,
     Json(callback): Json<Callback>,
 ) -> Response {
     app.calls.callback_ran(); // test fixture (chaos.rs)
+    let chaos = Chaos::asked(&app, &headers);
     if callback.status != "PAID" {
         return error(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -125,7 +127,11 @@ pub(crate) async fn payment_callback(
     // the same transaction: a callback whose idempotency record expired
     // finds the payment PAID and books nothing.
     match app.data.mark_paid(&payment_no, callback.amount_cents).await {
-        Ok(Ok(payment)) => Json(payment).into_response(),
+        Ok(Ok(payment)) => {
+            // Test fixture: a handler still running after its effect.
+            chaos.delay().await;
+            Json(payment).into_response()
+        }
         Ok(Err(refused)) => transition_refused(refused),
         Err(err) => internal(err),
     }

@@ -42,6 +42,8 @@ use axum::extract::FromRef;
 use idem_tower::core::IdempotencyStore;
 use idem_tower::redis::SentinelConnection;
 use idem_tower::redis::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use idem_tower::redis::redis::cluster::{ClusterClient, ClusterConfig};
+use idem_tower::redis::redis::cluster_async::ClusterConnection;
 use idem_tower::redis::redis::{self, IntoConnectionInfo, io::tcp::TcpSettings};
 use idem_tower::redis::tiered::TierCounters;
 use idem_tower::sql::{PurgeOptions, PurgeTask};
@@ -125,7 +127,8 @@ impl App {
     /// [`App::connect_with`], and with `redis` the Redis gate in front of
     /// the SQL store: a `redis://` URL for one server (reconnecting to that
     /// address), a `redis+sentinel://` URL for the primary that Redis
-    /// Sentinel names (following a failover). On the `memory` database,
+    /// Sentinel names (following a failover), a `redis+cluster://` URL
+    /// (`HOST:PORT,HOST:PORT...`, any nodes) for a Redis Cluster. On the `memory` database,
     /// Redis alone keeps the idempotency records.
     pub async fn connect_tiered(
         database: &str,
@@ -142,6 +145,11 @@ impl App {
             // starts, serving from SQL alone until the gate answers.
             Some(url) if url.starts_with("redis+sentinel://") => {
                 let gate = RedisStore::new(SentinelConnection::open_lazy(url)?);
+                warn_if_unreachable(&gate).await;
+                handle_on(records.as_ref(), Some(gate))
+            }
+            Some(url) if url.starts_with("redis+cluster://") => {
+                let gate = RedisStore::new(cluster_connection(url)?);
                 warn_if_unreachable(&gate).await;
                 handle_on(records.as_ref(), Some(gate))
             }
@@ -209,6 +217,31 @@ impl App {
 }
 
 /// Says so if the gate does not answer a `PING` at startup.
+/// A Redis Cluster connection for a `redis+cluster://HOST:PORT[,HOST:PORT...]`
+/// URL (any nodes of the cluster: it learns the rest from them), opened
+/// lazily like the other gates. redis-rs retries a command 16 times, backing
+/// off for minutes, by default; the gate gives up after its own timeout
+/// anyway, so a command is retried at most twice, 100 ms apart at most,
+/// enough to follow a `MOVED` after a failover.
+fn cluster_connection(url: &str) -> Result<ClusterConnection, BoxError> {
+    let nodes: Vec<String> = url
+        .trim_start_matches("redis+cluster://")
+        .trim_end_matches('/')
+        .split(',')
+        .map(|node| format!("redis://{node}"))
+        .collect();
+    let client = ClusterClient::builder(nodes)
+        .retries(2)
+        .min_retry_wait(20)
+        .max_retry_wait(100)
+        .connection_timeout(std::time::Duration::from_millis(500))
+        .response_timeout(std::time::Duration::from_millis(500))
+        // TCP_NODELAY on, as for one server.
+        .tcp_settings(TcpSettings::default().set_nodelay(true))
+        .build()?;
+    Ok(client.get_pending_async_connection_with_config(ClusterConfig::new()))
+}
+
 async fn warn_if_unreachable<C: ConnectionLike + Clone + Send + Sync + 'static>(
     gate: &RedisStore<C>,
 ) {

@@ -140,9 +140,10 @@ macro_rules! keyed_routes {
         async fn payment_callback(
             app: State<App>,
             payment_no: Path<String>,
+            headers: HeaderMap,
             callback: Json<Callback>,
         ) -> Response {
-            handlers::payment_callback(app, payment_no, callback).await
+            handlers::payment_callback(app, payment_no, headers, callback).await
         }
     };
 }

@@ -14,37 +14,71 @@ const COUNTERS: [&str; 2] = [
     "idem_tier_degraded_total",
 ];
 
+/// How to start one instance.
+#[derive(Debug, Clone)]
+pub(crate) struct Launch {
+    /// A prefix to run it through (`ip netns exec NAME`), or none.
+    pub(crate) wrapper: Vec<String>,
+    /// `--listen`.
+    pub(crate) listen: String,
+    pub(crate) database: String,
+    pub(crate) redis: Option<String>,
+    /// More arguments (`--lease-ms 1000`).
+    pub(crate) extra: Vec<String>,
+}
+
+impl Launch {
+    /// On loopback, on `database`, behind `redis` if given.
+    pub(crate) fn local(database: &str, redis: Option<&str>) -> Self {
+        Self {
+            wrapper: Vec::new(),
+            listen: "127.0.0.1:0".to_owned(),
+            database: database.to_owned(),
+            redis: redis.map(str::to_owned),
+            extra: Vec::new(),
+        }
+    }
+}
+
 /// Running `orders` processes.
 pub(crate) struct Apps {
-    database: String,
-    redis: Option<String>,
+    launches: Vec<Launch>,
     slots: Mutex<Vec<Option<Orders>>>,
     bases: RwLock<Vec<String>>,
     /// What killed instances had counted, read just before each kill.
     counted_by_the_dead: [AtomicU64; 2],
     /// Instances killed with SIGKILL.
     pub(crate) kills: AtomicU64,
+    /// What the workload's payment callbacks ask the instances for:
+    /// `X-Chaos-Delay-Ms` (0: none), a handler still running after its
+    /// effect.
+    pub(crate) callback_delay_ms: AtomicU64,
 }
 
 impl Apps {
     /// Starts `count` instances of `orders --chaos` on `database`, with
     /// `--redis redis` if given.
     pub(crate) async fn start(database: &str, redis: Option<&str>, count: usize) -> Self {
-        let mut slots = Vec::with_capacity(count);
-        for _ in 0..count {
-            slots.push(Some(spawn(database, redis).await));
+        Self::start_each(vec![Launch::local(database, redis); count]).await
+    }
+
+    /// Starts one instance as each of `launches` says.
+    pub(crate) async fn start_each(launches: Vec<Launch>) -> Self {
+        let mut slots = Vec::with_capacity(launches.len());
+        for launch in &launches {
+            slots.push(Some(spawn(launch).await));
         }
         let bases = slots
             .iter()
             .map(|slot| slot.as_ref().expect("started").base.clone())
             .collect();
         Self {
-            database: database.to_owned(),
-            redis: redis.map(str::to_owned),
+            launches,
             slots: Mutex::new(slots),
             bases: RwLock::new(bases),
             counted_by_the_dead: Default::default(),
             kills: AtomicU64::new(0),
+            callback_delay_ms: AtomicU64::new(0),
         }
     }
 
@@ -67,7 +101,7 @@ impl Apps {
                 total.fetch_add(value, Ordering::Relaxed);
             }
         }
-        let fresh = spawn(&self.database, self.redis.as_deref()).await;
+        let fresh = spawn(&self.launches[index]).await;
         self.bases.write().expect("bases")[index] = fresh.base.clone();
         self.slots.lock().expect("slots")[index] = Some(fresh);
     }
@@ -112,6 +146,26 @@ impl Apps {
         }
     }
 
+    /// The sum over the live instances of the `/metrics` samples of
+    /// `name` whose labels include `label` (`result="failed"`; `""` for
+    /// all).
+    pub(crate) async fn sum_of(&self, name: &str, label: &str) -> u64 {
+        let bases = self.bases.read().expect("bases").clone();
+        let mut sum = 0;
+        for base in &bases {
+            let text = match client().get(format!("{base}/metrics")).send().await {
+                Ok(response) => response.text().await.unwrap_or_default(),
+                Err(_) => String::new(),
+            };
+            sum += text
+                .lines()
+                .filter(|line| line.starts_with(name) && line.contains(label))
+                .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>() as u64;
+        }
+        sum
+    }
+
     /// Each instance's count of claims made without the gate.
     async fn served_by_sql_alone(&self) -> Vec<u64> {
         let bases = self.bases.read().expect("bases").clone();
@@ -127,20 +181,23 @@ impl Apps {
 /// while a server it needs at startup is out (Redis mid-failover,
 /// PostgreSQL down) or when a fault hits its migration: it is tried again
 /// every half second, as an orchestrator would, for up to 15 s.
-async fn spawn(database: &str, redis: Option<&str>) -> Orders {
+async fn spawn(launch: &Launch) -> Orders {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let (database, redis) = (database.to_owned(), redis.map(str::to_owned));
-        match tokio::task::spawn_blocking(move || {
-            Orders::start(
+        let launch = launch.clone();
+        let started = tokio::task::spawn_blocking(move || {
+            let extra: Vec<&str> = launch.extra.iter().map(String::as_str).collect();
+            Orders::start_wrapped(
                 env!("CARGO_BIN_EXE_orders"),
-                &database,
-                redis.as_deref(),
-                &[],
+                &launch.wrapper,
+                &launch.listen,
+                &launch.database,
+                launch.redis.as_deref(),
+                &extra,
             )
         })
-        .await
-        {
+        .await;
+        match started {
             Ok(orders) => return orders,
             Err(failed) if Instant::now() < deadline => {
                 eprintln!("an orders instance failed to start, trying again: {failed}");

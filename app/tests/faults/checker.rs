@@ -30,6 +30,14 @@ pub(crate) struct Verdict {
     /// Operations acknowledged (an order's 201, a callback's 200) with no
     /// effect.
     pub(crate) lost: usize,
+    /// Operations acknowledged, then lost with their idempotency record
+    /// (a failover to a standby that had not received their commit), so
+    /// that a retry ran them again: one effect now, but not the one the
+    /// first answer described. Only asynchronous replication may do this.
+    pub(crate) acknowledged_lost: usize,
+    /// Of those, operations whose lost record the Redis gate still held
+    /// and replayed: acknowledged again, never run again, no effect.
+    pub(crate) replayed_without_effect: usize,
     /// Operations with no final answer within the workload's patience.
     pub(crate) unanswered: usize,
     /// Answers that differ from the stored order or payment, or from one
@@ -46,19 +54,49 @@ pub(crate) struct Verdict {
 impl Verdict {
     /// No double, nothing lost, every answer right, every balance right.
     pub(crate) fn clean(&self) -> bool {
+        self.acknowledged_lost == 0 && self.clean_but_for_acknowledged_lost()
+    }
+
+    /// [`clean`](Self::clean), but for operations a failover lost with
+    /// their record, which ran again: what asynchronous replication allows.
+    pub(crate) fn clean_but_for_acknowledged_lost(&self) -> bool {
         self.doubles == 0
             && self.lost == 0
             && self.unanswered == 0
             && self.wrong_answers == 0
             && self.bad_balances == 0
             && self.bad_events == 0
-            && self.effects == self.operations
+            && self.effects + self.replayed_without_effect == self.operations
     }
 
     fn problem(&mut self, problem: String) {
         if self.problems.len() < 10 {
             self.problems.push(problem);
         }
+    }
+}
+
+/// When a failover may lose acknowledged commits (asynchronous
+/// replication): from the moment the standby stopped receiving the
+/// primary's WAL to the primary's crash. An operation acknowledged only
+/// within it and found without its effect, or run again, is counted as
+/// [`Verdict::acknowledged_lost`], not as lost or wrongly answered.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LossWindow {
+    pub(crate) from: std::time::Instant,
+    pub(crate) to: std::time::Instant,
+}
+
+impl LossWindow {
+    /// Whether the first acknowledgement among `answers` came within it
+    /// (later ones may be the gate's replays of the lost record).
+    fn holds(&self, answers: &[&Answer], acknowledges: impl Fn(&Answer) -> bool) -> bool {
+        let first = answers
+            .iter()
+            .filter(|a| acknowledges(a))
+            .map(|a| a.at)
+            .min();
+        first.is_some_and(|at| self.from <= at && at <= self.to)
     }
 }
 
@@ -81,6 +119,7 @@ pub(crate) async fn check(
     tenant: &str,
     sent: &[Sent],
     resent: &[Option<Answer>],
+    may_lose: Option<LossWindow>,
 ) -> Verdict {
     let rows: Vec<OrderRow> = sqlx::query(
         "SELECT order_id, user_id, sku, qty, amount_cents, balance_cents \
@@ -119,10 +158,24 @@ pub(crate) async fn check(
         match &s.op.kind {
             Kind::Order { sku, .. } => {
                 let found = by_sku.remove(sku.as_str()).unwrap_or_default();
-                check_order(&mut verdict, tenant, s, &found, &answers, again.as_ref());
+                check_order(
+                    &mut verdict,
+                    tenant,
+                    s,
+                    &found,
+                    &answers,
+                    again.as_ref(),
+                    may_lose,
+                );
             }
             Kind::Payment { payment_no } => {
-                check_payment(&mut verdict, s, payments.get(payment_no), &answers);
+                check_payment(
+                    &mut verdict,
+                    s,
+                    payments.get(payment_no),
+                    &answers,
+                    may_lose,
+                );
             }
         }
     }
@@ -145,15 +198,31 @@ fn check_order(
     found: &[&OrderRow],
     answers: &[&Answer],
     again: Option<&Answer>,
+    may_lose: Option<LossWindow>,
 ) {
     let name = s.op.name();
     let acknowledged = answers.iter().any(|a| a.status == 201);
+    let in_window = |row: Option<&OrderRow>| {
+        may_lose.is_some_and(|w| {
+            w.holds(answers, |a| {
+                a.status == 201 && row.is_none_or(|row| !answer_is(a, row, tenant))
+            })
+        })
+    };
     match found {
+        // The gate still held the lost record, and replayed it.
+        [] if acknowledged && in_window(None) => {
+            verdict.acknowledged_lost += 1;
+            verdict.replayed_without_effect += 1;
+        }
         [] if acknowledged => {
             verdict.lost += 1;
             verdict.problem(format!("{name}: acknowledged, no order"));
         }
         [] => {}
+        [row] if lost_with_its_record(answers, row, tenant, again) && in_window(Some(row)) => {
+            verdict.acknowledged_lost += 1;
+        }
         [row] => {
             for answer in answers {
                 if !answer_is(answer, row, tenant) {
@@ -174,6 +243,28 @@ fn check_order(
             verdict.problem(format!("{name}: {} orders", more.len()));
         }
     }
+}
+
+/// An order acknowledged with a 201 that is not the stored one, while the
+/// re-send was answered with the stored one: the first
+/// effect and its record were lost together (a failover to a standby that
+/// lacked their commit), and the re-send ran the operation again. Any
+/// other mismatch is a wrong answer.
+fn lost_with_its_record(
+    answers: &[&Answer],
+    row: &OrderRow,
+    tenant: &str,
+    again: Option<&Answer>,
+) -> bool {
+    let Some(again) = again else {
+        return false;
+    };
+    let other = |a: &&&Answer| a.status == 201 && !answer_is(a, row, tenant);
+    answer_is(again, row, tenant)
+        && answers.iter().any(|a| other(&a))
+        && answers
+            .iter()
+            .all(|a| answer_is(a, row, tenant) || other(&a))
 }
 
 /// A payment as stored: its state and its ledger credits.
@@ -225,15 +316,31 @@ fn check_payment(
     s: &Sent,
     stored: Option<&StoredPayment>,
     answers: &[&Answer],
+    may_lose: Option<LossWindow>,
 ) {
     let name = s.op.name();
     let paid = |a: &&Answer| a.status == 200 && a.body["state"] == "PAID";
     let acknowledged = answers.iter().any(paid);
     let credits = stored.map_or(&[][..], |p| p.credits.as_slice());
     match credits {
+        // The gate still held the lost record, and replayed it.
+        [] if acknowledged && may_lose.is_some_and(|w| w.holds(answers, |a| paid(&a))) => {
+            verdict.acknowledged_lost += 1;
+            verdict.replayed_without_effect += 1;
+        }
         [] if acknowledged => {
             verdict.lost += 1;
             verdict.problem(format!("{name}: a callback answered paid, no credit"));
+        }
+        // The payment's creation was acknowledged, then lost in the
+        // failover: its callback found no payment, and that 404 is final
+        // and replayed.
+        [] if may_lose.is_some()
+            && !answers.is_empty()
+            && answers.iter().all(|a| a.status == 404) =>
+        {
+            verdict.acknowledged_lost += 1;
+            verdict.replayed_without_effect += 1;
         }
         [] => {}
         [amount] => {

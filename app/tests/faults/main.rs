@@ -14,6 +14,7 @@
 mod apps;
 mod checker;
 mod scenarios;
+mod topology;
 mod workload;
 
 use std::fmt::Write as _;

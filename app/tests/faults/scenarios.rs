@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use idem_tower::sql::sqlx::PgPool;
 
 use crate::apps::Apps;
-use crate::checker::{self, Verdict};
+use crate::checker::{self, LossWindow, Verdict};
+use crate::topology;
 use crate::workload::Workload;
 use idem_test_support::fault_proxy::{Mode, Proxy};
 use idem_test_support::pgbouncer::PgBouncer;
@@ -27,11 +28,12 @@ const LOAD: Duration = Duration::from_secs(10);
 /// Concurrent workers.
 const WORKERS: usize = 12;
 /// `orders` processes per run.
-const INSTANCES: usize = 3;
+pub(crate) const INSTANCES: usize = 6;
 /// The Sentinel service name.
 const SERVICE: &str = "idem";
 
-type Run = for<'a> fn(&'a Postgres) -> Pin<Box<dyn Future<Output = Option<Report>> + 'a>>;
+pub(crate) type Run =
+    for<'a> fn(&'a Postgres) -> Pin<Box<dyn Future<Output = Option<Report>> + 'a>>;
 
 /// A fault to inject.
 pub(crate) struct Scenario {
@@ -82,6 +84,56 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         what: "all at once: failover, PostgreSQL crash, instance kills, a faulty proxy",
         run: |pg| Box::pin(mixed(pg)),
     },
+    Scenario {
+        name: "redis-cluster-kill",
+        what: "a Redis Cluster primary killed (kill -9) mid-load, its replica promoted",
+        run: |pg| Box::pin(topology::redis_cluster_kill(pg)),
+    },
+    Scenario {
+        name: "redis-cluster-failover",
+        what: "CLUSTER FAILOVER of two shards while writes go on",
+        run: |pg| Box::pin(topology::redis_cluster_failover(pg)),
+    },
+    Scenario {
+        name: "patroni-crash-sync",
+        what: "Patroni, synchronous: the primary's node crashed (Patroni and PostgreSQL kill -9), the standby promoted",
+        run: |pg| Box::pin(topology::patroni_crash_sync(pg)),
+    },
+    Scenario {
+        name: "patroni-switchover-sync",
+        what: "Patroni, synchronous: a planned switchover to the standby",
+        run: |pg| Box::pin(topology::patroni_switchover_sync(pg)),
+    },
+    Scenario {
+        name: "patroni-crash-async",
+        what: "Patroni, asynchronous: the standby cut off 2 s, then the primary's node crashed and the stale standby promoted",
+        run: |pg| Box::pin(topology::patroni_crash_async(pg)),
+    },
+    Scenario {
+        name: "partition-postgres",
+        what: "each instance on a host of its own; one cut from PostgreSQL for 5 s (iptables DROP)",
+        run: |pg| Box::pin(topology::partition_postgres(pg)),
+    },
+    Scenario {
+        name: "partition-redis",
+        what: "each instance on a host of its own; one cut from Redis for 5 s",
+        run: |pg| Box::pin(topology::partition_redis(pg)),
+    },
+    Scenario {
+        name: "partition-clients",
+        what: "each instance on a host of its own; one cut from its clients for 5 s",
+        run: |pg| Box::pin(topology::partition_clients(pg)),
+    },
+    Scenario {
+        name: "partition-plain-short",
+        what: "plain mode (2 s lease): one instance cut from both stores for 0.5 s, shorter than a lease",
+        run: |pg| Box::pin(topology::partition_plain_short(pg)),
+    },
+    Scenario {
+        name: "partition-plain-long",
+        what: "plain mode (2 s lease): one instance cut from both stores for 6 s, longer than a lease",
+        run: |pg| Box::pin(topology::partition_plain_long(pg)),
+    },
 ];
 
 /// One row of the table.
@@ -97,6 +149,11 @@ pub(crate) struct Report {
     pub(crate) served_by_sql_alone: u64,
     pub(crate) degraded_seconds: usize,
     pub(crate) kills: u64,
+    /// From the fault's injection to service as before, where measured.
+    pub(crate) recovered: Option<Duration>,
+    /// Asynchronous replication: acknowledged operations lost with their
+    /// record in a failover are counted, not a failure.
+    pub(crate) may_lose_acknowledged: bool,
     /// What the scenario must also show (a fallback caught, a 503 with
     /// `Retry-After`), unmet.
     pub(crate) unmet: Vec<String>,
@@ -104,20 +161,23 @@ pub(crate) struct Report {
 }
 
 impl Report {
-    pub(crate) const HEADER: &'static str = "| fault | operations | effects | doubles | lost | unanswered | wrong answers | attempts | 5xx answered | 503 + Retry-After | no answer | fallback caught | served by SQL alone | degraded s | instances killed | command |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    pub(crate) const HEADER: &'static str = "| fault | operations | effects | doubles | lost | acknowledged, lost with record | unanswered | wrong answers | recovered in s | attempts | 5xx answered | 503 + Retry-After | no answer | fallback caught | served by SQL alone | degraded s | instances killed | command |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
 
     /// The markdown row.
     pub(crate) fn row(&self) -> String {
         let v = &self.verdict;
         format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | `cargo test -p idem-app --test faults -- {}` |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | `cargo test -p idem-app --test faults -- {}` |",
             self.name,
             v.operations,
             v.effects,
             v.doubles,
             v.lost,
+            v.acknowledged_lost,
             v.unanswered,
             v.wrong_answers,
+            self.recovered
+                .map_or_else(|| "-".to_owned(), |d| format!("{:.1}", d.as_secs_f64())),
             self.attempts,
             self.five_xx,
             self.unavailable_with_retry_after,
@@ -132,7 +192,12 @@ impl Report {
 
     /// Why the run failed, if it did.
     pub(crate) fn failure(&self) -> Option<String> {
-        if self.verdict.clean() && self.unmet.is_empty() {
+        let clean = if self.may_lose_acknowledged {
+            self.verdict.clean_but_for_acknowledged_lost()
+        } else {
+            self.verdict.clean()
+        };
+        if clean && self.unmet.is_empty() {
             return None;
         }
         Some(format!(
@@ -142,33 +207,38 @@ impl Report {
     }
 }
 
-/// Runs the workload against `apps` while `faults` plays out, then heals
-/// nothing itself (the fault future ends healed), re-sends every
-/// operation, and checks the ledger in `pg`.
-async fn drive(
+/// Runs the workload against `apps` for `load` while `faults` plays out,
+/// then heals nothing itself (the fault future ends healed), re-sends every
+/// operation, and checks the ledger of the database at `checked`.
+pub(crate) async fn drive(
     name: &'static str,
-    pg: &Postgres,
+    checked: &str,
     apps: Arc<Apps>,
-    faults: impl Future<Output = String>,
+    load: Duration,
+    faults: impl Future<Output = impl Into<Healed>>,
 ) -> Report {
     let workload = Workload::new(&unique(name), apps.clone());
     let started = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
-    let load = tokio::spawn({
+    let sending = tokio::spawn({
         let (workload, stop) = (workload.clone(), stop.clone());
         async move { workload.run(WORKERS, stop).await }
     });
-    let notes = faults.await;
-    tokio::time::sleep_until((started + LOAD).into()).await;
+    let Healed {
+        notes,
+        recovered,
+        may_lose,
+    } = faults.await.into();
+    tokio::time::sleep_until((started + load).into()).await;
     stop.store(true, Ordering::Relaxed);
-    let sent = load.await.expect("the workload");
+    let sent = sending.await.expect("the workload");
     let ops: Vec<_> = sent.iter().map(|s| s.op.clone()).collect();
     let resent = workload.resend(&ops, WORKERS).await;
     let (fallback_caught, served_by_sql_alone) = apps.tier_counters().await;
-    let pool = PgPool::connect(&pg.url())
+    let pool = PgPool::connect(checked)
         .await
         .expect("the checker's connection");
-    let verdict = checker::check(&pool, &workload.tenant, &sent, &resent).await;
+    let verdict = checker::check(&pool, &workload.tenant, &sent, &resent, may_lose).await;
     let tally = &workload.tally;
     let read = |counter: &std::sync::atomic::AtomicU64| counter.load(Ordering::Relaxed);
     Report {
@@ -182,13 +252,47 @@ async fn drive(
         served_by_sql_alone,
         degraded_seconds: tally.degraded_seconds(),
         kills: read(&apps.kills),
+        recovered,
+        may_lose_acknowledged: may_lose.is_some(),
         unmet: Vec::new(),
         notes,
     }
 }
 
+/// How a fault ended: what it did, and how long after it was injected the
+/// system served as before (when the scenario measures it).
+pub(crate) struct Healed {
+    pub(crate) notes: String,
+    pub(crate) recovered: Option<Duration>,
+    /// When acknowledged operations may have been lost (asynchronous
+    /// replication's failover), for the checker.
+    pub(crate) may_lose: Option<LossWindow>,
+}
+
+impl From<String> for Healed {
+    fn from(notes: String) -> Self {
+        Self {
+            notes,
+            recovered: None,
+            may_lose: None,
+        }
+    }
+}
+
+/// Whether the topology scenarios run their full form
+/// (`IDEM_FAULTS_FULL=1`); by default, and in CI, their short one.
+pub(crate) fn full() -> bool {
+    std::env::var("IDEM_FAULTS_FULL").is_ok_and(|v| v == "1" || v == "true")
+}
+
+/// The load of a topology scenario: `short` seconds, or `full` in its
+/// full form.
+pub(crate) fn load_of(short: u64, full_secs: u64) -> Duration {
+    Duration::from_secs(if full() { full_secs } else { short })
+}
+
 /// Sleeps until `secs` after `start`.
-async fn at(start: Instant, secs: f64) {
+pub(crate) async fn at(start: Instant, secs: f64) {
     tokio::time::sleep_until((start + Duration::from_secs_f64(secs)).into()).await;
 }
 
@@ -242,7 +346,7 @@ impl Replicated {
 async fn no_fault(pg: &Postgres) -> Option<Report> {
     let redis = RedisServer::start(&[])?;
     let apps = Arc::new(Apps::start(&pg.url(), Some(&redis.url()), INSTANCES).await);
-    let mut report = drive("no-fault", pg, apps, async { String::new() }).await;
+    let mut report = drive("no-fault", &pg.url(), apps, LOAD, async { String::new() }).await;
     // Concurrent copies race for the gate, but Redis lost nothing: a catch
     // here would be counted falsely, and the faults' counts would mean
     // nothing.
@@ -258,7 +362,7 @@ async fn redis_failover(pg: &Postgres) -> Option<Report> {
     let mut redis = Replicated::start().await?;
     let apps = Arc::new(Apps::start(&pg.url(), Some(&redis.sentinel.url()), INSTANCES).await);
     let start = Instant::now();
-    let mut report = drive("redis-failover", pg, apps.clone(), async {
+    let mut report = drive("redis-failover", &pg.url(), apps.clone(), LOAD, async {
         at(start, 1.5).await;
         redis.fail_over_losing_writes(&apps, 2.5).await
     })
@@ -276,7 +380,7 @@ async fn redis_restart(pg: &Postgres) -> Option<Report> {
     let port = redis.port();
     let apps = Arc::new(Apps::start(&pg.url(), Some(&redis.url()), INSTANCES).await);
     let start = Instant::now();
-    let mut report = drive("redis-restart", pg, apps.clone(), async {
+    let mut report = drive("redis-restart", &pg.url(), apps.clone(), LOAD, async {
         at(start, 4.0).await;
         redis.kill_9();
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -302,7 +406,7 @@ async fn postgres_restart(pg: &Postgres) -> Option<Report> {
     let redis = RedisServer::start(&[])?;
     let apps = Arc::new(Apps::start(&pg.url(), Some(&redis.url()), INSTANCES).await);
     let start = Instant::now();
-    let mut report = drive("postgres-restart", pg, apps, async {
+    let mut report = drive("postgres-restart", &pg.url(), apps, LOAD, async {
         at(start, 2.5).await;
         tokio::task::block_in_place(|| pg.crash());
         at(start, 7.0).await;
@@ -329,7 +433,7 @@ async fn pgbouncer_restart(pg: &Postgres) -> Option<Report> {
     let mut bouncer = PgBouncer::start(pg.port()).await?;
     let apps = Arc::new(Apps::start(&bouncer.url(), Some(&redis.url()), INSTANCES).await);
     let start = Instant::now();
-    let mut report = drive("pgbouncer-restart", pg, apps, async {
+    let mut report = drive("pgbouncer-restart", &pg.url(), apps, LOAD, async {
         at(start, 3.0).await;
         bouncer.crash().await;
         // Down past the pool's acquire timeout (3 s): requests meet it.
@@ -357,7 +461,7 @@ async fn kill_instances(pg: &Postgres) -> Option<Report> {
     let apps = Arc::new(Apps::start(&pg.url(), Some(&redis.url()), INSTANCES).await);
     let start = Instant::now();
     let killer = apps.clone();
-    let report = drive("kill-instances", pg, apps, async move {
+    let report = drive("kill-instances", &pg.url(), apps, LOAD, async move {
         for (i, second) in [2.0, 4.0, 6.0, 8.0].into_iter().enumerate() {
             at(start, second).await;
             killer.kill_and_restart(i % killer.len()).await;
@@ -391,7 +495,7 @@ async fn slow_and_cut_connections(pg: &Postgres) -> Option<Report> {
         )
         .await,
     );
-    let report = drive("slow-and-cut-connections", pg, apps, async {
+    let report = drive("slow-and-cut-connections", &pg.url(), apps, LOAD, async {
         pg_proxy.set(faulty(0.004));
         redis_proxy.set(faulty(0.01));
         tokio::time::sleep(LOAD).await;
@@ -419,7 +523,7 @@ async fn mixed(pg: &Postgres) -> Option<Report> {
     );
     let start = Instant::now();
     let killer = apps.clone();
-    let report = drive("mixed", pg, apps, async {
+    let report = drive("mixed", &pg.url(), apps, LOAD, async {
         pg_proxy.set(faulty(0.002));
         let kills = async {
             for (i, second) in [1.5, 4.0, 8.5].into_iter().enumerate() {

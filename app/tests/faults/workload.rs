@@ -95,6 +95,8 @@ pub(crate) struct Answer {
     pub(crate) status: StatusCode,
     pub(crate) body: Value,
     pub(crate) replayed: bool,
+    /// When it came.
+    pub(crate) at: Instant,
 }
 
 /// An operation and the final answer of each copy sent (`None`: none came
@@ -293,9 +295,16 @@ impl Workload {
                     return Some(created);
                 }
                 let body = json!({ "status": "PAID", "amount_cents": op.amount_cents });
+                let delay = self.apps.callback_delay_ms.load(Ordering::Relaxed);
                 let push = |base: &str| {
-                    self.client
-                        .post(format!("{base}/payments/{payment_no}/callback"))
+                    let push = self
+                        .client
+                        .post(format!("{base}/payments/{payment_no}/callback"));
+                    if delay > 0 {
+                        push.header("x-chaos-delay-ms", delay)
+                    } else {
+                        push
+                    }
                 };
                 self.until_final(push, &body, turn, deadline).await
             }
@@ -339,6 +348,7 @@ impl Workload {
                                 status,
                                 body,
                                 replayed,
+                                at: Instant::now(),
                             });
                         }
                         // The answer was cut off: ask again.
