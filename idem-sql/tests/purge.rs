@@ -1,7 +1,7 @@
 //! The background purge (`idem-sql/src/purge.rs`) against real PostgreSQL,
 //! MariaDB/MySQL and SQLite, counted: the rows in the table before and
 //! after, what each purge says it deleted, and `idem_records_purged_total`.
-//! Server URLs come from the environment as in `sql.rs`
+//! Server URLs come from the environment as in `stores/`
 //! (`IDEM_TEST_POSTGRES_URL`, `IDEM_TEST_MYSQL_URL`; a missing server skips
 //! its cases, and fails them under `CI=true`); SQLite uses fresh files
 //! under the system temp directory. Every case purges a table of its own,

@@ -8,8 +8,6 @@
 //! order, and how many publishes of one key overlapped): these tests are
 //! about the claims and leases in the database. The JetStream publisher is
 //! tested against a real NATS server in `app/tests/outbox.rs`.
-#![cfg(all(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -21,9 +19,7 @@ use idem_sql::conformance::TestSql;
 use idem_sql::sqlx::Pool;
 use metrics_exporter_prometheus::PrometheusBuilder;
 
-#[macro_use]
-mod support;
-use support::{mysql, nonce, postgres, sqlite};
+use crate::support::{nonce, sqlite};
 
 /// What the broker was handed.
 #[derive(Default)]
