@@ -6,10 +6,12 @@ use std::time::Duration;
 use idem_core::conformance::{mysql_url, postgres_url, server_missing};
 use idem_core::{Claim, Fingerprint, IdempotencyKey, IdempotencyStore, OpenTransaction};
 use idem_core::{Outcome, OwnerToken, StoredResponse, TransactionalStore, TxClaim};
+use idem_sql::conformance::TestSql;
+use idem_sql::sqlx::Pool;
 use idem_sql::sqlx::mysql::MySqlPoolOptions;
 use idem_sql::sqlx::postgres::PgPoolOptions;
 use idem_sql::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-use idem_sql::{MySqlStore, PgStore, SqliteStore};
+use idem_sql::{MySqlStore, PgStore, SqlStore, SqliteStore};
 
 /// Short enough for the lock-timeout case to run quickly.
 pub(crate) const LOCK_TIMEOUT: Duration = Duration::from_secs(1);
@@ -157,4 +159,75 @@ where
         .renew(&key, &owner, lease)
         .await
         .expect("its lease is running");
+}
+
+/// Leases shorter than a claim's own round trips: a millisecond, a
+/// nanosecond, and zero (which the stores take as a millisecond).
+const SHORTER_THAN_A_ROUND_TRIP: [Duration; 3] = [
+    Duration::from_millis(1),
+    Duration::from_nanos(1),
+    Duration::ZERO,
+];
+
+/// A store on `pool` with a table of its own, whose inserts the
+/// statements `slow(table)` (a trigger) make last longer than a
+/// millisecond.
+pub(crate) async fn on_a_slow_table<DB: TestSql>(
+    pool: &Pool<DB>,
+    slow: impl Fn(&str) -> String,
+) -> SqlStore<DB> {
+    let table = format!("idem_test_slow_{:012x}", rand_u64() & 0xffff_ffff_ffff);
+    let store = SqlStore::builder(pool.clone())
+        .table(&table)
+        .build()
+        .unwrap();
+    store.migrate().await.expect("migrate");
+    DB::exec(pool, slow(&table)).await;
+    store
+}
+
+/// Drops the store's table and its version table.
+pub(crate) async fn drop_table<DB: TestSql>(store: &SqlStore<DB>) {
+    let table = store.table();
+    DB::exec(store.pool(), format!("DROP TABLE {table}")).await;
+    DB::exec(store.pool(), format!("DROP TABLE {table}_schema")).await;
+}
+
+/// A claim whose lease is over before its own statements are (here its
+/// insert is slowed down, and sixteen claim at once) still acquires its
+/// fresh key: every plain claim is `Acquired`, every transactional claim
+/// opens, whatever the lease, a nanosecond and zero included. On MySQL,
+/// which reads its row back, the claim found its own row expired, took
+/// it for another's that had gone, and after eight tries reported the
+/// store unavailable ("kept changing under the claim").
+pub(crate) async fn claims_shorter_than_their_round_trip_acquire<S>(store: S)
+where
+    S: IdempotencyStore + TransactionalStore + Clone + 'static,
+{
+    const CLAIMS: usize = 16;
+    let fp = Fingerprint::from_bytes([3; 32]);
+    for lease in SHORTER_THAN_A_ROUND_TRIP {
+        let mut tasks = tokio::task::JoinSet::new();
+        for n in 0..CLAIMS {
+            let store = store.clone();
+            tasks.spawn(async move {
+                let key = fresh_key(&format!("short-lease:{n}"));
+                match store.claim(&key, &fp, lease, OwnerToken::generate()).await {
+                    Ok(Claim::Acquired(_)) => Ok(()),
+                    other => Err(format!("{lease:?}, plain claim {n}: {other:?}")),
+                }
+            });
+        }
+        assert_eq!(failures(tasks).await, Vec::<String>::new(), "{lease:?}");
+        for n in 0..2 {
+            let key = fresh_key(&format!("short-lease-tx:{n}"));
+            let claimed = store
+                .claim_in_transaction(&key, &fp, lease, OwnerToken::generate())
+                .await;
+            let Ok(TxClaim::Open(tx)) = claimed else {
+                panic!("{lease:?}, transactional claim {n}: {claimed:?}");
+            };
+            tx.rollback().await.expect("rollback");
+        }
+    }
 }

@@ -8,7 +8,8 @@ use idem_core::{Duplicate, Fingerprint, OwnerToken, TransactionalStore, TxClaim}
 use idem_sql::MySqlStore;
 use idem_sql::sqlx::mysql::MySqlPoolOptions;
 
-use crate::common::{a_plain_claim_that_waited_holds_a_whole_lease, fresh_key, mysql};
+use crate::common::{self, a_plain_claim_that_waited_holds_a_whole_lease, drop_table, fresh_key};
+use crate::common::{mysql, on_a_slow_table};
 
 idem_core::store_conformance_tests!(crate::common::mysql());
 idem_sql::transactional_conformance_tests!(crate::common::mysql());
@@ -62,4 +63,22 @@ async fn plain_claim_that_waited_holds_a_whole_lease() {
     if let Some(store) = mysql().await {
         a_plain_claim_that_waited_holds_a_whole_lease(store).await;
     }
+}
+
+/// `common::claims_shorter_than_their_round_trip_acquire`, on a table
+/// whose inserts last longer than the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_shorter_than_their_round_trip_acquire() {
+    let Some(shared) = mysql().await else {
+        return;
+    };
+    let store = on_a_slow_table(shared.pool(), |table| {
+        format!(
+            "CREATE TRIGGER {table}_slow BEFORE INSERT ON {table} \
+                 FOR EACH ROW DO SLEEP(0.005)"
+        )
+    })
+    .await;
+    common::claims_shorter_than_their_round_trip_acquire(store.clone()).await;
+    drop_table(&store).await;
 }

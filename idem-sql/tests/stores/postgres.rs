@@ -13,9 +13,8 @@ use idem_sql::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use idem_sql::sqlx::{self, Postgres};
 use idem_sql::{PgStore, TxSlot};
 
-use crate::common::{
-    a_plain_claim_that_waited_holds_a_whole_lease, open_fresh, outcome, postgres, rand_u64,
-};
+use crate::common::{self, a_plain_claim_that_waited_holds_a_whole_lease, drop_table};
+use crate::common::{on_a_slow_table, open_fresh, outcome, postgres, rand_u64};
 
 idem_core::store_conformance_tests!(crate::common::postgres());
 idem_sql::transactional_conformance_tests!(crate::common::postgres());
@@ -488,4 +487,31 @@ async fn scripts_read_the_same_without_standard_conforming_strings() {
         .await
         .unwrap();
     assert_eq!(stored, 1, "the key stored as it is");
+}
+
+/// `common::claims_shorter_than_their_round_trip_acquire`, on a table
+/// whose inserts last longer than the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_shorter_than_their_round_trip_acquire() {
+    let Some(shared) = postgres().await else {
+        return;
+    };
+    let store = on_a_slow_table(shared.pool(), |table| {
+        format!(
+            "CREATE FUNCTION {table}_slow() RETURNS trigger LANGUAGE plpgsql \
+                   AS $$ BEGIN PERFORM pg_sleep(0.005); RETURN NEW; END $$; \
+                 CREATE TRIGGER {table}_slow BEFORE INSERT ON {table} \
+                   FOR EACH ROW EXECUTE FUNCTION {table}_slow()"
+        )
+    })
+    .await;
+    common::claims_shorter_than_their_round_trip_acquire(store.clone()).await;
+    drop_table(&store).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP FUNCTION {}_slow()",
+        store.table()
+    )))
+    .execute(store.pool())
+    .await
+    .unwrap();
 }

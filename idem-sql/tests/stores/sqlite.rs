@@ -13,7 +13,8 @@ use idem_sql::sqlx::sqlite::SqlitePoolOptions;
 use idem_sql::sqlx::{self, Sqlite};
 use idem_sql::{SqliteStore, TxSlot};
 
-use crate::common::{done_outcome, failures, open_fresh, rand_u64, sqlite, sqlite_file};
+use crate::common::{self, done_outcome, drop_table, failures, on_a_slow_table, open_fresh};
+use crate::common::{rand_u64, sqlite, sqlite_file};
 
 idem_core::store_conformance_tests!(crate::common::sqlite());
 idem_sql::transactional_conformance_tests!(crate::common::sqlite());
@@ -232,4 +233,23 @@ async fn commit_over_a_live_record_commits_nothing() {
             .await
             .unwrap();
     assert_eq!(effects, 0, "rolled back");
+}
+
+/// `common::claims_shorter_than_their_round_trip_acquire`, on a table
+/// whose inserts last longer than the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_shorter_than_their_round_trip_acquire() {
+    let Some(shared) = sqlite().await else {
+        return;
+    };
+    let store = on_a_slow_table(shared.pool(), |table| {
+        // No sleep in SQLite: a few megabytes of random bytes.
+        format!(
+            "CREATE TRIGGER {table}_slow BEFORE INSERT ON {table} \
+                 BEGIN SELECT length(randomblob(4000000)); END"
+        )
+    })
+    .await;
+    common::claims_shorter_than_their_round_trip_acquire(store.clone()).await;
+    drop_table(&store).await;
 }
