@@ -25,7 +25,7 @@ use idem_sql::sqlx::mysql::MySqlPoolOptions;
 use idem_sql::sqlx::postgres::PgPoolOptions;
 use idem_sql::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use idem_sql::sqlx::{self, MySql, MySqlPool, PgPool, Pool, Postgres, Sqlite, SqlitePool};
-use idem_sql::{PurgeOptions, SqlStore};
+use idem_sql::{PurgeOptions, PurgeTask, SqlStore};
 use metrics_exporter_prometheus::PrometheusBuilder;
 
 /// The purges' period: short, so a case waits a few of them.
@@ -183,6 +183,23 @@ async fn until_rows<DB: TestSql>(store: &SqlStore<DB>, which: Rows, n: i64) {
     }
 }
 
+/// Waits until `ready()` says so. A pass counts what it deleted (in the
+/// task and in `idem_records_purged_total`) once its statement has
+/// returned, which is after the rows are gone from the table: a count
+/// read as soon as the rows are gone may not have caught up yet.
+async fn until(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !ready() {
+        assert!(Instant::now() < deadline, "{what} after {PATIENCE:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits until `purge` has counted `n` deleted records or more.
+async fn until_purged(purge: &PurgeTask, n: u64) {
+    until(&format!("not {n} counted"), || purge.purged() >= n).await;
+}
+
 // ----- A purge deletes the expired rows in batches, keeps the live ones,
 // and counts what it deleted. A current-thread runtime: the recorder is
 // this thread's own, and the purge's task runs on it.
@@ -207,6 +224,11 @@ async fn purges_expired_rows_in_batches_and_counts_them<DB: TestSql>(pool: Pool<
         LIVE as i64,
         "the live rows are kept"
     );
+    let counted = format!("idem_records_purged_total {EXPIRED}\n");
+    until(&format!("no {counted:?}"), || {
+        scrape.render().contains(&counted)
+    })
+    .await;
     // A period more: nothing left to delete, nothing more counted.
     tokio::time::sleep(PERIOD * 3).await;
     assert!(!purge.is_finished());
@@ -354,6 +376,7 @@ async fn held_rows_are_purged_once_free<DB: TestSql>(
 
     let purge = store.purge_in_background(PurgeOptions::every(PERIOD).batch(3));
     until_rows(&store, Rows::Expired, expired_at_start - deleted_meanwhile).await;
+    until_purged(&purge, deleted_meanwhile as u64).await;
     tokio::time::sleep(PERIOD * 4).await;
     assert_eq!(
         rows(&store, Rows::Expired).await,
@@ -449,6 +472,7 @@ async fn a_stopped_or_dropped_purge_deletes_nothing_more<DB: TestSql>(store: Sql
 
     let purge = store.purge_in_background(options);
     until_rows(&store, Rows::All, 0).await;
+    until_purged(&purge, 2).await;
     assert_eq!(purge.purged(), 2);
     drop(purge);
     // A statement under way when it was dropped may still finish.
