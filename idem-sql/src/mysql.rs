@@ -119,7 +119,6 @@ impl Dialect for MySql {
                  ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED"
             )
             .into(),
-            #[cfg(any(feature = "postgres", feature = "sqlite"))]
             table: table.into(),
         }
     }
@@ -172,15 +171,19 @@ impl Dialect for MySql {
         if !ours {
             return Ok(ClaimStep::Existing(row));
         }
-        // `UTC_TIMESTAMP` is the statement's start, so a claim that waited
-        // on another transaction's row lock got a lease short by the wait
-        // (over by now, after a long one, and a duplicate could take the key
-        // at once). A lease short by more than the third the layer renews
-        // within is renewed here; if it ran out meanwhile, the claim is
-        // tried again.
-        if row.ms_left < args.lease_ms / 3 * 2
-            && !Self::renew(conn, q, args.key_hash, args.owner, args.lease_ms).await?
-        {
+        // The row is ours: this claim's statement wrote it, whatever its
+        // lease says by now. `UTC_TIMESTAMP` is the statement's start, so a
+        // claim that waited on another transaction's row lock got a lease
+        // short by the wait (over by now, after a long one, and a duplicate
+        // could take the key at once); and a lease shorter than the claim's
+        // own round trips is over before the row is read back, however
+        // often the claim is tried (a renewal, refused past the lease, sent
+        // it round again until it reported the store unavailable). A lease
+        // short by more than the third the layer renews within is stamped
+        // again from now, by owner alone: a row still ours was taken over
+        // by no other claim, so no one else holds the key. If it went
+        // meanwhile (taken over, or purged), the claim is tried again.
+        if row.ms_left < args.lease_ms / 3 * 2 && !restamp(conn, q, &args).await? {
             return Ok(ClaimStep::Vanished);
         }
         Ok(ClaimStep::Acquired)
@@ -267,4 +270,26 @@ impl Dialect for MySql {
             .is_some_and(|e| matches!(e.number(), 1205 | 1213))
             || has_code(err, &["40001"])
     }
+}
+
+/// Stamps the lease of a claim's own row again, from now, whether or not
+/// it ran out: whether the row is still the claim's (in flight, its
+/// owner's) is all that counts.
+async fn restamp(
+    conn: &mut MySqlConnection,
+    q: &Queries,
+    args: &ClaimArgs<'_>,
+) -> Result<bool, sqlx::Error> {
+    let restamp = format!(
+        "UPDATE {} SET expires_at = {} WHERE key_hash = ? AND state = 'I' AND owner = ?",
+        q.table,
+        MySql::now_plus_ms("?"),
+    );
+    let done = sqlx::query(AssertSqlSafe(restamp))
+        .bind(args.lease_ms)
+        .bind(&args.key_hash[..])
+        .bind(&args.owner.as_bytes()[..])
+        .execute(&mut *conn)
+        .await?;
+    Ok(done.rows_affected() == 1)
 }

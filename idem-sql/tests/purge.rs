@@ -1,7 +1,7 @@
 //! The background purge (`idem-sql/src/purge.rs`) against real PostgreSQL,
 //! MariaDB/MySQL and SQLite, counted: the rows in the table before and
 //! after, what each purge says it deleted, and `idem_records_purged_total`.
-//! Server URLs come from the environment as in `sql.rs`
+//! Server URLs come from the environment as in `stores/`
 //! (`IDEM_TEST_POSTGRES_URL`, `IDEM_TEST_MYSQL_URL`; a missing server skips
 //! its cases, and fails them under `CI=true`); SQLite uses fresh files
 //! under the system temp directory. Every case purges a table of its own,
@@ -114,17 +114,26 @@ async fn drop_table<DB: TestSql>(store: &SqlStore<DB>) {
     DB::exec(store.pool(), format!("DROP TABLE {table}_schema")).await;
 }
 
-/// The lease of the records written to expire: long enough for a claim's
-/// statements to be done before its row can be purged (on MySQL/MariaDB a
-/// claim reads its row back, and one purged in between is claimed, and
-/// written, again), short enough to wait out.
-const EXPIRING: Duration = Duration::from_millis(200);
-
-/// Writes `n` records that expire within [`EXPIRING`]: claims of that lease.
+/// Writes `n` expired records: claims of a minute, then expired together
+/// by one statement. (Claims of a lease short enough to wait out raced the
+/// purges on a loaded machine: a claim's row could expire, and be purged,
+/// before the claim was done with it, and the claim wrote it again, one
+/// row more than the test counted.)
 async fn expired<DB: TestSql>(store: &SqlStore<DB>, n: usize) {
     for _ in 0..n {
-        acquire(store, &fresh_key("purge-dead"), &fp(1), EXPIRING).await;
+        acquire(store, &fresh_key("purge-dead"), &fp(1), LONG).await;
     }
+    DB::exec(
+        store.pool(),
+        format!(
+            "UPDATE {} SET expires_at = {} \
+             WHERE idem_key LIKE '%purge-dead%' AND expires_at > {}",
+            store.table(),
+            DB::now_plus_ms("(-1000)"),
+            DB::NOW,
+        ),
+    )
+    .await;
 }
 
 /// Writes `n` live records: claims of a minute, every other one completed
@@ -182,17 +191,21 @@ async fn until_rows<DB: TestSql>(store: &SqlStore<DB>, which: Rows, n: i64) {
     }
 }
 
-/// Waits (up to [`PATIENCE`]) until `purge` has counted `n` deleted rows.
-async fn until_purged(purge: &PurgeTask, n: u64) {
+/// Waits until `ready()` says so. A pass counts what it deleted (in the
+/// task and in `idem_records_purged_total`) once its statement has
+/// returned, which is after the rows are gone from the table: a count
+/// read as soon as the rows are gone may not have caught up yet.
+async fn until(what: &str, mut ready: impl FnMut() -> bool) {
     let deadline = Instant::now() + PATIENCE;
-    while purge.purged() != n {
-        assert!(
-            Instant::now() < deadline,
-            "the purge counted {} rows after {PATIENCE:?}, waiting for {n}",
-            purge.purged()
-        );
+    while !ready() {
+        assert!(Instant::now() < deadline, "{what} after {PATIENCE:?}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Waits until `purge` has counted `n` deleted records or more.
+async fn until_purged(purge: &PurgeTask, n: u64) {
+    until(&format!("not {n} counted"), || purge.purged() >= n).await;
 }
 
 // ----- A purge deletes the expired rows in batches, keeps the live ones,
@@ -219,6 +232,11 @@ async fn purges_expired_rows_in_batches_and_counts_them<DB: TestSql>(pool: Pool<
         LIVE as i64,
         "the live rows are kept"
     );
+    let counted = format!("idem_records_purged_total {EXPIRED}\n");
+    until(&format!("no {counted:?}"), || {
+        scrape.render().contains(&counted)
+    })
+    .await;
     // A period more: nothing left to delete, nothing more counted.
     tokio::time::sleep(PERIOD * 3).await;
     assert!(!purge.is_finished());
@@ -366,6 +384,7 @@ async fn held_rows_are_purged_once_free<DB: TestSql>(
 
     let purge = store.purge_in_background(PurgeOptions::every(PERIOD).batch(3));
     until_rows(&store, Rows::Expired, expired_at_start - deleted_meanwhile).await;
+    until_purged(&purge, deleted_meanwhile as u64).await;
     tokio::time::sleep(PERIOD * 4).await;
     assert_eq!(
         rows(&store, Rows::Expired).await,
@@ -461,9 +480,8 @@ async fn a_stopped_or_dropped_purge_deletes_nothing_more<DB: TestSql>(store: Sql
 
     let purge = store.purge_in_background(options);
     until_rows(&store, Rows::All, 0).await;
-    // The pass counts its rows once its statement has answered, a moment
-    // after they are gone.
     until_purged(&purge, 2).await;
+    assert_eq!(purge.purged(), 2);
     drop(purge);
     // A statement under way when it was dropped may still finish.
     tokio::time::sleep(PERIOD).await;

@@ -20,9 +20,9 @@ pub struct Queries {
     pub(crate) release: Arc<str>,
     pub(crate) renew: Arc<str>,
     pub(crate) purge: Arc<str>,
-    /// The table, for the scripts of transactional claims, written per
-    /// claim (`postgres/script.rs`, `sqlite/script.rs`).
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    /// The table, for the statements written per claim: the scripts of
+    /// transactional claims (`postgres/script.rs`, `sqlite/script.rs`),
+    /// MySQL's lease stamped again (`mysql.rs`).
     pub(crate) table: Arc<str>,
 }
 

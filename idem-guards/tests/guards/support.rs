@@ -1,14 +1,15 @@
-//! What the guard and outbox tests share: pools on each database and
-//! tables of a test's own.
+//! What the guards' tests share: pools on each database, a connection to
+//! Redis, tables of a test's own, tasks started all at once, and
+//! `sql_cases!`.
 
-// Each test binary that includes this module uses a part of it.
-#![allow(dead_code)]
-
+use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use idem_sql::conformance::TestSql;
 use idem_sql::sqlx::{self, Pool};
 use idem_test_support::{mysql_url, postgres_url, server_missing};
+use tokio::sync::Barrier;
 
 pub(crate) fn nonce() -> String {
     format!("{:016x}", rand::random::<u64>())
@@ -58,6 +59,44 @@ pub(crate) async fn sqlite() -> Option<Pool<sqlx::Sqlite>> {
     )
 }
 
+#[cfg(feature = "redis")]
+pub(crate) async fn redis() -> Option<redis::aio::ConnectionManager> {
+    let url = idem_test_support::redis_url();
+    let client = match redis::Client::open(url.as_str()) {
+        Ok(client) => client,
+        Err(err) => return server_missing("Redis", &url, err),
+    };
+    match redis::aio::ConnectionManager::new(client).await {
+        Ok(conn) => Some(conn),
+        Err(err) => server_missing("Redis", &url, err),
+    }
+}
+
+/// Runs `task(0)` to `task(n - 1)` on tasks of their own that start
+/// together, once all have been spawned (a barrier); their results, in
+/// that order.
+pub(crate) async fn all_at_once<T, Fut>(n: usize, task: impl Fn(usize) -> Fut) -> Vec<T>
+where
+    Fut: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let barrier = Arc::new(Barrier::new(n));
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let (barrier, run) = (barrier.clone(), task(i));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                run.await
+            })
+        })
+        .collect();
+    let mut results = Vec::with_capacity(n);
+    for task in tasks {
+        results.push(task.await.expect("no task panics"));
+    }
+    results
+}
+
 /// A table of the test's own, dropped when the case ends (if it ends well).
 pub(crate) struct Table<DB: TestSql> {
     pub(crate) pool: Pool<DB>,
@@ -101,7 +140,7 @@ macro_rules! sql_cases {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $case() {
-                    if let Some(pool) = super::$db().await {
+                    if let Some(pool) = crate::support::$db().await {
                         super::$case(pool).await;
                     }
                 }

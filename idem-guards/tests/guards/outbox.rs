@@ -8,8 +8,6 @@
 //! order, and how many publishes of one key overlapped): these tests are
 //! about the claims and leases in the database. The JetStream publisher is
 //! tested against a real NATS server in `app/tests/outbox.rs`.
-#![cfg(all(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -20,10 +18,9 @@ use idem_guards::{Enqueued, Event, GuardDb, Outbox, PendingEvent, Published, Pub
 use idem_sql::conformance::TestSql;
 use idem_sql::sqlx::Pool;
 use metrics_exporter_prometheus::PrometheusBuilder;
+use tokio::sync::Notify;
 
-#[macro_use]
-mod support;
-use support::{mysql, nonce, postgres, sqlite};
+use crate::support::{nonce, sqlite};
 
 /// What the broker was handed.
 #[derive(Default)]
@@ -108,10 +105,15 @@ impl Publisher for To {
 }
 
 /// A publisher that never answers: a relay stuck (or dying) mid-publish.
-struct Stuck;
+/// `handed` is told when it is handed an event.
+#[derive(Default)]
+struct Stuck {
+    handed: Arc<Notify>,
+}
 
 impl Publisher for Stuck {
     fn publish<'a>(&'a self, _: &'a PendingEvent) -> BoxFuture<'a, Result<Published, BoxError>> {
+        self.handed.notify_one();
         Box::pin(std::future::pending())
     }
 }
@@ -198,13 +200,14 @@ async fn a_failed_publish_is_retried_and_holds_back_only_its_key<DB: GuardDb + T
         enqueue_committed(&outbox, &event("k1", n)).await;
         enqueue_committed(&outbox, &event("k2", n)).await;
     }
-    // The first attempt (k1-1) fails.
+    // The first attempt (k1-1) fails, and waits out a backoff of an hour:
+    // however slow the machine, the next pass comes before it is over.
     let broker = Arc::new(Broker {
         fail_first: 1,
         ..Broker::default()
     });
-    let relay = Relay::new(outbox.clone(), To(broker.clone()))
-        .backoff(Duration::from_millis(200), Duration::from_millis(200));
+    let backoff = Duration::from_secs(3600);
+    let relay = Relay::new(outbox.clone(), To(broker.clone())).backoff(backoff, backoff);
     let pass = relay.run_once().await.unwrap();
     assert_eq!(pass.retried, 1, "{pass:?}");
     assert_eq!(pass.published, 3, "k2's three went out: {pass:?}");
@@ -213,7 +216,24 @@ async fn a_failed_publish_is_retried_and_holds_back_only_its_key<DB: GuardDb + T
 
     // Until its backoff is over, k1's head is not due, and neither is the rest of k1.
     assert_eq!(relay.run_once().await.unwrap().claimed, 0);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (table, pool) = (outbox.table(), outbox.pool());
+    let backing_off =
+        |after: String| format!("SELECT COUNT(*) FROM {table} WHERE next_attempt_at > {after}");
+    assert_eq!(
+        DB::count(pool, backing_off(DB::now_plus_ms("1500000"))).await,
+        1,
+        "k1's head is due in half an hour or more (an hour, jittered)"
+    );
+    // Its backoff over (its due time moved to now), k1's three go out.
+    DB::exec(
+        pool,
+        format!(
+            "UPDATE {table} SET next_attempt_at = {now} WHERE next_attempt_at > {now}",
+            now = DB::NOW
+        ),
+    )
+    .await;
+    assert_eq!(DB::count(pool, backing_off(DB::NOW.to_owned())).await, 0);
     let pass = relay.run_once().await.unwrap();
     assert_eq!(pass.published, 3, "{pass:?}");
     let ids: Vec<_> = broker.stored().into_iter().map(|(.., id)| id).collect();
@@ -305,9 +325,18 @@ async fn a_relay_that_dies_mid_batch_leaves_its_events_after_its_lease<DB: Guard
     for n in 1..=5 {
         enqueue_committed(&outbox, &event("k", n)).await;
     }
-    let dying = Relay::new(outbox.clone(), Stuck).lease(Duration::from_millis(800));
-    let cut = tokio::time::timeout(Duration::from_millis(100), dying.run_once()).await;
-    assert!(cut.is_err(), "the dying relay was stopped mid-publish");
+    // The dying relay is stopped mid-publish: once it has been handed the
+    // first event, so once its claim of the batch committed, however long
+    // that took. Its lease is long enough for the heir's first pass to
+    // come within it on a loaded machine.
+    let lease = Duration::from_secs(3);
+    let stuck = Stuck::default();
+    let handed = Arc::clone(&stuck.handed);
+    let dying = Relay::new(outbox.clone(), stuck).lease(lease);
+    tokio::select! {
+        pass = dying.run_once() => panic!("a publish that never answers ended: {pass:?}"),
+        () = handed.notified() => {}
+    }
 
     let broker = Broker::failing_every(0, Duration::ZERO);
     let heir = Relay::new(outbox.clone(), To(broker.clone()));
@@ -323,7 +352,7 @@ async fn a_relay_that_dies_mid_batch_leaves_its_events_after_its_lease<DB: Guard
             break pass;
         }
         assert!(
-            started.elapsed() < Duration::from_secs(5),
+            started.elapsed() < lease + Duration::from_secs(20),
             "never taken over"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -340,7 +369,7 @@ async fn a_publish_never_outlives_the_lease<DB: GuardDb + TestSql>(pool: Pool<DB
     // The publish timeout is ten seconds; the lease is 500 ms, so the
     // publish is given up at four fifths of it (the bound below leaves room
     // for a loaded machine, and is far below the ten seconds).
-    let relay = Relay::new(outbox.clone(), Stuck)
+    let relay = Relay::new(outbox.clone(), Stuck::default())
         .lease(Duration::from_millis(500))
         .publish_timeout(Duration::from_secs(10));
     let started = Instant::now();
