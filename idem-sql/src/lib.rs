@@ -117,7 +117,8 @@
 //! starts the first of them in its commit's own call to SQLite and hands
 //! it the transaction (counted in `idem_sqlite_claims_relayed_total`), at
 //! most four times in a row, so that writers outside the store find the
-//! lock free now and then.
+//! lock free now and then (unless the store is the file's sole writer:
+//! [`SqlStoreBuilder::sole_writer`]).
 //! Keep SQLite's transactional handlers short, or use PostgreSQL for
 //! concurrent writers.
 //!
@@ -290,7 +291,13 @@ impl<DB: Dialect> SqlStore<DB> {
     /// [`SqlStoreBuilder`].
     pub fn new(pool: sqlx::Pool<DB>) -> Self {
         let max = transactional::default_max_transactions(&pool);
-        Self::from_parts(pool, DEFAULT_TABLE.to_owned(), DEFAULT_LOCK_TIMEOUT, max)
+        Self::from_parts(
+            pool,
+            DEFAULT_TABLE.to_owned(),
+            DEFAULT_LOCK_TIMEOUT,
+            max,
+            false,
+        )
     }
 
     /// A builder for a store on `pool`: its table, lock timeout and open
@@ -314,7 +321,21 @@ impl<DB: Dialect> SqlStore<DB> {
         SqlStoreBuilder::new(pool)
     }
 
-    fn from_parts(pool: sqlx::Pool<DB>, table: String, lock_timeout: Duration, max: usize) -> Self {
+    /// A store of these parts; `sole_writer`: the store's pool is the
+    /// only writer of the database (SQLite), so its relay of the write lock
+    /// has no limit in a row (`relay.rs`).
+    fn from_parts(
+        pool: sqlx::Pool<DB>,
+        table: String,
+        lock_timeout: Duration,
+        max: usize,
+        sole_writer: bool,
+    ) -> Self {
+        let relay = if sole_writer {
+            Relay::handing_on_at_most(usize::MAX)
+        } else {
+            Relay::new()
+        };
         Self {
             inner: Arc::new(Inner {
                 queries: DB::queries(&table),
@@ -323,7 +344,7 @@ impl<DB: Dialect> SqlStore<DB> {
                 lock_timeout,
                 open: Arc::new(OpenClaims::new(max)),
                 writer: WriterTurns::new(DB::ONE_WRITER),
-                relay: Relay::new(),
+                relay,
                 batches: Batches::new(),
             }),
         }
