@@ -153,7 +153,7 @@ mod builder;
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod conformance;
 mod dialect;
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 mod hex_digits;
 #[cfg(feature = "mysql")]
 mod mysql;

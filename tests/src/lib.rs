@@ -12,9 +12,9 @@ mod call;
 pub mod fault_proxy;
 mod harness;
 pub mod pg_stats;
-pub mod pg_wire;
 pub mod prometheus;
 mod reply;
+pub mod wire;
 
 pub use backend::Backend;
 pub use call::{Call, order};
