@@ -24,7 +24,7 @@ pub(crate) fn literal(value: &Value<'_>) -> String {
     }
 }
 
-/// `sql` with each parameter `$n` replaced by the [`literal`] of
+/// `sql` with each parameter `$n` replaced by the `literal` of
 /// `args[n - 1]`, to be sent as a simple query. `$` inside a quoted literal,
 /// a quoted identifier or a comment, or within a name (`a$1`), is left as
 /// it is. An error if a parameter has no argument.
