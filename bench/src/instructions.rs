@@ -13,16 +13,26 @@ use tower::ServiceExt;
 
 use crate::apps::{self, Kind};
 use crate::client::{key, replay_header};
-use crate::load::{ORDER, order_request};
+use crate::load::{ORDER, account_order, order_request};
 
 /// The cases `--instructions` takes, and what each measures.
-pub(crate) const CASES: [&str; 5] = [
+pub(crate) const CASES: [&str; 7] = [
     "bare",
     "idem-first",
     "idem-replay",
     "peer-first",
     "peer-replay",
+    "orders-mysql-first",
+    "orders-mysql-hand-first",
 ];
+
+/// The MySQL/MariaDB database of the `orders-mysql-` cases (a profile of
+/// the SQL path rather than a figure CI checks): `IDEM_BENCH_MYSQL_URL`,
+/// or the benchmark's own database on the local server.
+fn mysql_url() -> String {
+    std::env::var("IDEM_BENCH_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/idem_bench".to_owned())
+}
 
 /// Runs `requests` requests of `case`; the process's exit code.
 pub(crate) fn run(case: &str, requests: u64) -> i32 {
@@ -49,6 +59,22 @@ async fn send_all(case: &str, requests: u64) -> Result<(), String> {
         "idem-replay" => (Kind::Memory, true),
         "peer-first" => (Kind::Peer, false),
         "peer-replay" => (Kind::Peer, true),
+        "orders-mysql-first" => (
+            Kind::OrdersMysql {
+                url: mysql_url(),
+                pool: 1,
+                accounts: 1000,
+            },
+            false,
+        ),
+        "orders-mysql-hand-first" => (
+            Kind::OrdersMysqlHand {
+                url: mysql_url(),
+                pool: 1,
+                accounts: 1000,
+            },
+            false,
+        ),
         other => return Err(format!("no case {other:?}; one of {CASES:?}")),
     };
     let router = apps::router(kind.clone()).await?;
@@ -56,7 +82,15 @@ async fn send_all(case: &str, requests: u64) -> Result<(), String> {
         Kind::Peer => Some(login(&router).await?),
         _ => None,
     };
-    let body = Bytes::from_static(ORDER.as_bytes());
+    let orders = kind.orders();
+    let body_of = |n: u64| {
+        if orders {
+            account_order(u32::try_from(n % 1000).unwrap_or(0))
+        } else {
+            Bytes::from_static(ORDER.as_bytes())
+        }
+    };
+    let body = body_of(0);
     let replayed = replay_header(&kind);
     if replay {
         let request = order_request(key("replayed".to_owned()), cookie.as_ref(), body.clone());
@@ -69,9 +103,10 @@ async fn send_all(case: &str, requests: u64) -> Result<(), String> {
         let name = if replay {
             "replayed".to_owned()
         } else {
-            format!("first-{n}")
+            format!("first-{n}-{}", std::process::id())
         };
-        let request = order_request(key(name), cookie.as_ref(), body.clone());
+        let body = if replay { body.clone() } else { body_of(n) };
+        let request = order_request(key(name), cookie.as_ref(), body);
         let (status, was_replayed) = answer(&router, request, &replayed).await?;
         if status != StatusCode::CREATED || was_replayed != replay {
             return Err(format!(

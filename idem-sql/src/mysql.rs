@@ -156,6 +156,7 @@ impl Dialect for MySql {
                  ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED"
             )
             .into(),
+            #[cfg(any(feature = "postgres", feature = "sqlite"))]
             table: table.into(),
         }
     }
@@ -269,7 +270,7 @@ impl Dialect for MySql {
         // The lock wait is a session variable: it stays on the pooled
         // connection, so it is set back on every path.
         let secs = lock_timeout.as_secs().max(1);
-        let script = script::claim(&q.table, |values| upsert(&q.table, values), &args, secs);
+        let script = script::claim(&q.claim, &q.select, &args, secs);
         let rows = match sqlx::raw_sql(AssertSqlSafe(script))
             .fetch_all(&mut *conn)
             .await
@@ -302,7 +303,7 @@ impl Dialect for MySql {
         ttl_ms: i64,
     ) -> Result<bool, sqlx::Error> {
         let script = script::commit(
-            &q.table,
+            &q.complete,
             &script::Completed {
                 key_hash: args.key_hash,
                 owner: args.owner.as_bytes(),

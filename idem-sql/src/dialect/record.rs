@@ -21,8 +21,8 @@ pub struct Queries {
     pub(crate) renew: Arc<str>,
     pub(crate) purge: Arc<str>,
     /// The table, for the scripts of transactional claims, written per
-    /// claim (`postgres/script.rs`, `sqlite/script.rs`, `mysql/script.rs`).
-    #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+    /// claim (`postgres/script.rs`, `sqlite/script.rs`).
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
     pub(crate) table: Arc<str>,
 }
 

@@ -14,19 +14,63 @@
 //! Only values the store makes go there, in forms that cannot end a
 //! literal: integers as digits, bytes as hexadecimal literals (`X'…'`), the
 //! key as the hexadecimal literal of its UTF-8 bytes, converted. The table
-//! name is a checked identifier (`validate_identifier`).
+//! name is a checked identifier (`validate_identifier`). The statements
+//! are the store's own, rendered once with `?` parameters, the values
+//! spliced in where those are.
 
-use super::MySql;
-use crate::dialect::{ClaimArgs, Dialect};
+use crate::dialect::ClaimArgs;
 
 /// `value` as a binary string literal: `X'…'`, two hexadecimal digits a
 /// byte.
+#[cfg(test)]
 pub(crate) fn bytes(value: &[u8]) -> String {
-    let mut out = String::with_capacity(3 + value.len() * 2);
-    out.push_str("X'");
-    crate::hex_digits::push(&mut out, value);
-    out.push('\'');
+    let mut out = String::new();
+    Literal::Bytes(value).push(&mut out);
     out
+}
+
+/// A value written into a script.
+#[derive(Clone, Copy)]
+enum Literal<'a> {
+    /// `X'…'`.
+    Bytes(&'a [u8]),
+    /// Text as the literal of its UTF-8 bytes, converted.
+    Text(&'a str),
+    /// Digits.
+    Int(i64),
+}
+
+impl Literal<'_> {
+    fn push(self, out: &mut String) {
+        match self {
+            Self::Bytes(value) => {
+                out.push_str("X'");
+                crate::hex_digits::push(out, value);
+                out.push('\'');
+            }
+            Self::Text(text) => {
+                out.push_str("CONVERT(");
+                Self::Bytes(text.as_bytes()).push(out);
+                out.push_str(" USING utf8mb4)");
+            }
+            Self::Int(n) => out.push_str(&n.to_string()),
+        }
+    }
+}
+
+/// Appends `statement` (one of the store's prepared statements, its
+/// parameters `?`) with its parameters replaced, in order, by `values`:
+/// the statement's text is rendered once per store, and a script only
+/// splices the values in. The store's statements have no `?` but their
+/// parameters (the table name is an identifier).
+fn push_with(out: &mut String, statement: &str, values: &[Literal<'_>]) {
+    let mut values = values.iter();
+    for (n, piece) in statement.split('?').enumerate() {
+        if n > 0 {
+            values.next().expect("a value for each parameter").push(out);
+        }
+        out.push_str(piece);
+    }
 }
 
 /// MySQL's error when a scalar subquery returns more than one row
@@ -35,33 +79,40 @@ pub(crate) fn bytes(value: &[u8]) -> String {
 pub(crate) const NOT_COMPLETED: u32 = 1242;
 
 /// The start of a transactional claim, in the transaction just begun: the
-/// claim's row written (the upsert of [`Dialect::queries`], its values
+/// claim's row written (the store's `claim` upsert, `upsert`, its values
 /// literals) under no lock wait, so that another transaction's claim of
 /// the key fails it at once with a lock wait timeout; then the session's
 /// lock wait for the handler's statements, `lock_wait_secs`; then the
-/// key's row, as the store's `select` reads it.
+/// key's row, by the store's `select`, `select`.
 ///
 /// If the upsert fails, nothing after it runs: the session's lock wait is
 /// still 0, and the caller sets it back ([`lock_wait`]).
 pub(crate) fn claim(
-    table: &str,
-    upsert: impl FnOnce([&str; 5]) -> String,
+    upsert: &str,
+    select: &str,
     args: &ClaimArgs<'_>,
     lock_wait_secs: u64,
 ) -> String {
-    let hash = bytes(args.key_hash);
-    let key = format!("CONVERT({} USING utf8mb4)", bytes(args.key.as_bytes()));
-    let owner = bytes(args.owner.as_bytes());
-    let fingerprint = bytes(args.fingerprint.as_bytes());
-    let lease = args.lease_ms.to_string();
-    let upsert = upsert([&hash, &key, &owner, &fingerprint, &lease]);
-    format!(
-        "{no_wait}; {upsert}; {wait}; \
-         SELECT state, owner, fingerprint, outcome, {left} FROM {table} WHERE key_hash = {hash}",
-        no_wait = lock_wait(0),
-        wait = lock_wait(lock_wait_secs),
-        left = MySql::ms_until("expires_at"),
-    )
+    let hash = Literal::Bytes(args.key_hash);
+    let mut out = String::with_capacity(upsert.len() + select.len() + 512);
+    out.push_str(&lock_wait(0));
+    out.push_str("; ");
+    push_with(
+        &mut out,
+        upsert,
+        &[
+            hash,
+            Literal::Text(args.key),
+            Literal::Bytes(args.owner.as_bytes()),
+            Literal::Bytes(args.fingerprint.as_bytes()),
+            Literal::Int(args.lease_ms),
+        ],
+    );
+    out.push_str("; ");
+    out.push_str(&lock_wait(lock_wait_secs));
+    out.push_str("; ");
+    push_with(&mut out, select, &[hash]);
+    out
 }
 
 /// Sets the session's lock wait, in whole seconds.
@@ -77,27 +128,36 @@ pub(crate) struct Completed<'a> {
     pub(crate) ttl_ms: i64,
 }
 
-/// The end of a transactional claim: its row completed, a check that it
-/// was (the row the claim wrote, still its own: its transaction's lock
-/// keeps every other writer off it, so this holds unless something past
-/// the store changed it), and COMMIT. A failed check raises
-/// [`NOT_COMPLETED`], and the COMMIT after it is not run: nothing commits.
+/// The end of a transactional claim: its row completed (the store's
+/// `complete`, `complete`), a check that it was (the row the claim wrote,
+/// still its own: its transaction's lock keeps every other writer off it,
+/// so this holds unless something past the store changed it), and COMMIT.
+/// A failed check raises [`NOT_COMPLETED`], and the COMMIT after it is not
+/// run: nothing commits.
 ///
 /// The check reads `ROW_COUNT()`, the rows the update matched (sqlx
 /// connects with `CLIENT_FOUND_ROWS`): one, or a scalar subquery of two
-/// rows, which fails the statement.
-pub(crate) fn commit(table: &str, record: &Completed<'_>) -> String {
-    format!(
-        "UPDATE {table} SET state = 'C', owner = NULL, outcome = {outcome}, \
-           expires_at = {expires} \
-         WHERE key_hash = {hash} AND state = 'I' AND owner = {owner}; \
-         SELECT (SELECT 1 FROM DUAL UNION ALL SELECT 2 FROM DUAL WHERE ROW_COUNT() <> 1); \
+/// rows, which fails the statement. It assigns a session variable rather
+/// than selecting, so that it answers no result set (whose column
+/// metadata sqlx would decode).
+pub(crate) fn commit(complete: &str, record: &Completed<'_>) -> String {
+    let mut out = String::with_capacity(complete.len() + 2 * record.outcome.len() + 256);
+    push_with(
+        &mut out,
+        complete,
+        &[
+            Literal::Bytes(record.outcome),
+            Literal::Int(record.ttl_ms),
+            Literal::Bytes(record.key_hash),
+            Literal::Bytes(record.owner),
+        ],
+    );
+    out.push_str(
+        "; SET @idem_completed = \
+         (SELECT 1 FROM DUAL UNION ALL SELECT 2 FROM DUAL WHERE ROW_COUNT() <> 1); \
          COMMIT",
-        outcome = bytes(record.outcome),
-        expires = MySql::now_plus_ms(&record.ttl_ms.to_string()),
-        hash = bytes(record.key_hash),
-        owner = bytes(record.owner),
-    )
+    );
+    out
 }
 
 #[cfg(test)]
@@ -112,5 +172,23 @@ mod tests {
             "X'6127293b2044524f50205441424c4520743b202d2d'"
         );
         assert_eq!(bytes(b""), "X''");
+    }
+
+    #[test]
+    fn values_go_where_the_parameters_are() {
+        let mut out = String::new();
+        push_with(
+            &mut out,
+            "UPDATE t SET a = ?, b = ? WHERE k = ?",
+            &[
+                Literal::Int(-3),
+                Literal::Text("é'"),
+                Literal::Bytes(&[1, 255]),
+            ],
+        );
+        assert_eq!(
+            out,
+            "UPDATE t SET a = -3, b = CONVERT(X'c3a927' USING utf8mb4) WHERE k = X'01ff'"
+        );
     }
 }
