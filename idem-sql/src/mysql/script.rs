@@ -17,6 +17,12 @@
 //! name is a checked identifier (`validate_identifier`). The statements
 //! are the store's own, rendered once with `?` parameters, the values
 //! spliced in where those are.
+//!
+//! A stored response goes into the commit's text as two digits a byte, so
+//! the query is about twice the response's size and must fit the server's
+//! `max_allowed_packet` (MariaDB's default 16 MiB, MySQL's 64 MiB): far
+//! above idem's default cap on a stored response (256 KiB), but a cap
+//! raised past about 8 MiB needs the server's raised too.
 
 use crate::dialect::ClaimArgs;
 
