@@ -10,6 +10,13 @@ pub(crate) const ORDERS_PG: &str = "orders-postgres";
 pub(crate) const ORDERS_TIERED: &str = "orders-tiered";
 pub(crate) const ORDERS_SQLITE_BARE: &str = "orders-sqlite-bare";
 pub(crate) const ORDERS_SQLITE: &str = "orders-sqlite";
+pub(crate) const ORDERS_SQLITE_SOLE: &str = "orders-sqlite-sole";
+pub(crate) const ORDERS_MYSQL_BARE: &str = "orders-mysql-bare";
+pub(crate) const ORDERS_MYSQL: &str = "orders-mysql";
+/// The hand-written deduplication's rows (`apps/handwritten.rs`).
+pub(crate) const ORDERS_PG_HAND: &str = "orders-postgres-hand";
+pub(crate) const ORDERS_MYSQL_HAND: &str = "orders-mysql-hand";
+pub(crate) const ORDERS_SQLITE_HAND: &str = "orders-sqlite-hand";
 
 /// Load benchmark: idem's layer on each store vs a bare axum handler vs
 /// axum-idempotent, all over loopback HTTP/1.1 keep-alive.
@@ -61,6 +68,13 @@ pub(crate) struct Args {
     /// through it; the statistics the benchmark reads do not.
     #[arg(long, value_parser = humantime::parse_duration)]
     pub(crate) net_delay: Option<Duration>,
+    /// MySQL/MariaDB server, without a database.
+    #[arg(long, default_value = "mysql://root@127.0.0.1:3306")]
+    pub(crate) mysql: String,
+    /// The MySQL/MariaDB database the benchmark owns (created if missing;
+    /// the orders endpoint's tables are emptied by each of its rows).
+    #[arg(long, default_value = "idem_bench")]
+    pub(crate) mysql_database: String,
     /// Connections in each SQLite pool.
     #[arg(long, default_value_t = 8)]
     pub(crate) sqlite_pool: u32,
@@ -102,13 +116,29 @@ pub(crate) struct Args {
     /// Run only these scenarios (comma-separated): bare, bare-redis,
     /// memory, sqlite, postgres, tiered, peer, burst, storm; orders (the
     /// orders endpoint's rows), or one of them: orders-bare,
-    /// orders-postgres, orders-tiered, orders-sqlite-bare, orders-sqlite.
+    /// orders-postgres, orders-postgres-hand, orders-tiered,
+    /// orders-mysql-bare, orders-mysql, orders-mysql-hand,
+    /// orders-sqlite-bare, orders-sqlite, orders-sqlite-sole,
+    /// orders-sqlite-hand.
     #[arg(long, value_delimiter = ',')]
     pub(crate) only: Vec<String>,
     /// Measure only these modes of the idem and peer scenarios
     /// (comma-separated): first, duplicate.
     #[arg(long, value_delimiter = ',')]
     pub(crate) modes: Vec<String>,
+    /// Write the charts (`throughput.svg`, `latency.svg`) in this directory,
+    /// beside the report printed on stdout.
+    #[arg(long)]
+    pub(crate) charts: Option<std::path::PathBuf>,
+    /// Instead of the benchmark, send `--requests` requests of one case
+    /// through its app in process, for an instruction count
+    /// (`.ci/instructions`): bare, idem-first, idem-replay, peer-first,
+    /// peer-replay.
+    #[arg(long)]
+    pub(crate) instructions: Option<String>,
+    /// Requests of `--instructions`.
+    #[arg(long, default_value_t = 1000)]
+    pub(crate) requests: u64,
 }
 
 impl Args {

@@ -10,12 +10,17 @@
 //! ```text
 //! cargo run --release -p idem-bench -- --duration 5s --connections 32
 //! ```
+//!
+//! `--instructions CASE --requests N` instead sends N requests of one case
+//! through its app in process, for valgrind to count their instructions
+//! (`.ci/instructions`, `instructions.rs`).
 
 mod apps;
 mod burst;
 mod cli;
 mod client;
 mod cpu;
+mod instructions;
 mod load;
 mod measure;
 mod netdelay;
@@ -49,6 +54,9 @@ struct Ctx {
     redis_info: Option<redis::aio::MultiplexedConnection>,
     pg: Option<PgStats>,
     pg_url: String,
+    /// The MySQL/MariaDB database of the orders endpoint's MySQL rows, if
+    /// it is up.
+    mysql_url: Option<String>,
     sqlite_dir: PathBuf,
     nonce: String,
 }
@@ -76,6 +84,9 @@ impl Outcome {
 
 fn main() {
     let args = Args::parse();
+    if let Some(case) = &args.instructions {
+        std::process::exit(instructions::run(case, args.requests));
+    }
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let server_rt = runtime("idem-bench-server", args.server_threads.unwrap_or(cpus));
     let client_rt = runtime("idem-bench-load", args.client_threads.unwrap_or(cpus));
@@ -122,9 +133,11 @@ async fn run(args: Args, server_rt: Handle, cpus: usize) -> i32 {
     // PostgreSQL: a database of our own, its records table emptied.
     let mut pg_url = format!("{}/{}", args.postgres, args.pg_database);
     let pg = services::postgres(&args, &mut outcome).await;
-    // Both a network hop away, if asked.
+    // MySQL/MariaDB: a database of our own.
+    let mut mysql_url = services::mysql(&args, &mut outcome).await;
+    // All of them a network hop away, if asked.
     if let Some(delay) = args.net_delay {
-        match behind_delay(&mut pg_url, &mut redis.url, delay) {
+        match behind_delay(&mut pg_url, &mut redis.url, &mut mysql_url, delay) {
             Ok(note) => outcome.note(note),
             Err(err) => outcome.fail(format!("--net-delay: {err}")),
         }
@@ -145,6 +158,7 @@ async fn run(args: Args, server_rt: Handle, cpus: usize) -> i32 {
         redis_info: redis.info,
         pg,
         pg_url,
+        mysql_url,
         sqlite_dir: sqlite_dir.clone(),
         nonce,
         args,
@@ -160,6 +174,19 @@ async fn run(args: Args, server_rt: Handle, cpus: usize) -> i32 {
     let _ = std::fs::remove_dir_all(&sqlite_dir);
     drop(redis.server);
 
+    if let Some(dir) = &ctx.args.charts {
+        let title = match ctx.args.net_delay {
+            Some(delay) => format!("net delay {delay:?} each way"),
+            None => "loopback".to_owned(),
+        };
+        match report::charts::write(dir, &rows, &title) {
+            Ok(files) => {
+                let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+                outcome.note(format!("charts: {}", names.join(", ")));
+            }
+            Err(err) => outcome.fail(format!("charts: {err}")),
+        }
+    }
     let machine = report::Machine::read(cpus, &ctx.args, before_run.machine_busy);
     let mut out = std::io::stdout().lock();
     let _ = report::write(&mut out, &machine, &rows, &bursts, &outcome.notes);
@@ -171,13 +198,12 @@ async fn run(args: Args, server_rt: Handle, cpus: usize) -> i32 {
     i32::from(outcome.failed)
 }
 
-/// Takes every measurement `--rounds` times, round after round; the median
-/// round of each.
-/// Points the rows' PostgreSQL and Redis URLs at delay proxies; a note
-/// for the report.
+/// Points the rows' PostgreSQL, Redis and MySQL URLs at delay proxies; a
+/// note for the report.
 fn behind_delay(
     pg_url: &mut String,
     redis_url: &mut Option<String>,
+    mysql_url: &mut Option<String>,
     delay: Duration,
 ) -> Result<String, String> {
     let pg = netdelay::DelayProxy::start(&netdelay::host_port(pg_url, 5432), delay)?;
@@ -186,12 +212,18 @@ fn behind_delay(
         let redis = netdelay::DelayProxy::start(&netdelay::host_port(url, 6379), delay)?;
         *url = redis.url(url);
     }
+    if let Some(url) = mysql_url {
+        let mysql = netdelay::DelayProxy::start(&netdelay::host_port(url, 3306), delay)?;
+        *url = mysql.url(url);
+    }
     Ok(format!(
-        "PostgreSQL and Redis behind a delay proxy: {delay:?} each way, {:?} per round trip",
+        "PostgreSQL, MySQL and Redis behind a delay proxy: {delay:?} each way, {:?} per round trip",
         2 * delay
     ))
 }
 
+/// Takes every measurement `--rounds` times, round after round; the median
+/// round of each.
 async fn measure_rounds(ctx: &Ctx, outcome: &mut Outcome) -> Vec<Row> {
     let jobs = scenarios::jobs(ctx);
     let mut taken: Vec<Vec<Row>> = jobs.iter().map(|_| Vec::new()).collect();

@@ -3,7 +3,10 @@
 
 use crate::Ctx;
 use crate::apps::Kind;
-use crate::cli::{ORDERS_BARE, ORDERS_PG, ORDERS_SQLITE, ORDERS_SQLITE_BARE, ORDERS_TIERED};
+use crate::cli::{
+    ORDERS_BARE, ORDERS_MYSQL, ORDERS_MYSQL_BARE, ORDERS_MYSQL_HAND, ORDERS_PG, ORDERS_PG_HAND,
+    ORDERS_SQLITE, ORDERS_SQLITE_BARE, ORDERS_SQLITE_HAND, ORDERS_SQLITE_SOLE, ORDERS_TIERED,
+};
 use crate::report::{self, Mode, RedisUse, SqlUse};
 
 /// One scenario: an app, the modes it is measured in, and the services it
@@ -84,14 +87,15 @@ pub(crate) fn checks(ctx: &Ctx) -> Vec<(&'static str, Kind)> {
         .filter(|s| {
             !matches!(
                 s.name,
-                "bare" | "bare-redis" | ORDERS_BARE | ORDERS_SQLITE_BARE
+                "bare" | "bare-redis" | ORDERS_BARE | ORDERS_SQLITE_BARE | ORDERS_MYSQL_BARE
             )
         })
         .map(|s| (s.label, s.kind))
         .collect()
 }
 
-/// The scenarios `--only` selects whose Redis and PostgreSQL are up.
+/// The scenarios `--only` selects whose Redis, PostgreSQL and MySQL are
+/// up.
 fn runnable(ctx: &Ctx) -> impl Iterator<Item = Scenario> {
     let mut all = bare_scenarios();
     all.extend(idempotent_scenarios(ctx));
@@ -100,6 +104,7 @@ fn runnable(ctx: &Ctx) -> impl Iterator<Item = Scenario> {
         ctx.args.wants(s.name)
             && !(s.redis_use != RedisUse::None && ctx.env.redis_url.is_none())
             && !(s.sql_use == SqlUse::Postgres && ctx.pg.is_none())
+            && !(s.sql_use == SqlUse::Mysql && ctx.mysql_url.is_none())
     })
 }
 
@@ -192,11 +197,19 @@ fn idempotent_scenarios(ctx: &Ctx) -> Vec<Scenario> {
     ]
 }
 
-/// The orders endpoint, bare and behind idem, on PostgreSQL and SQLite.
+/// The orders endpoint, bare, with hand-written deduplication and behind
+/// idem, on PostgreSQL, MySQL/MariaDB and SQLite.
 fn orders_scenarios(ctx: &Ctx) -> Vec<Scenario> {
+    let mut all = orders_on_postgres(ctx);
+    all.extend(orders_on_mysql(ctx));
+    all.extend(orders_on_sqlite(ctx));
+    all
+}
+
+/// The orders endpoint on PostgreSQL.
+fn orders_on_postgres(ctx: &Ctx) -> Vec<Scenario> {
     let both = || vec![Mode::First, Mode::Duplicate];
     let (url, pool) = (ctx.pg_url.clone(), ctx.args.pg_pool);
-    let (sqlite_pool, accounts) = (ctx.args.sqlite_pool, ctx.args.orders_accounts);
     vec![
         Scenario::new(
             ORDERS_BARE,
@@ -221,6 +234,17 @@ fn orders_scenarios(ctx: &Ctx) -> Vec<Scenario> {
             SqlUse::Postgres,
         ),
         Scenario::new(
+            ORDERS_PG_HAND,
+            report::ORDERS_PG_HAND,
+            Kind::OrdersPgHand {
+                url: url.clone(),
+                pool,
+            },
+            both(),
+            RedisUse::None,
+            SqlUse::Postgres,
+        ),
+        Scenario::new(
             ORDERS_TIERED,
             report::ORDERS_TIERED,
             Kind::OrdersTiered { url, pool },
@@ -228,6 +252,66 @@ fn orders_scenarios(ctx: &Ctx) -> Vec<Scenario> {
             RedisUse::Counted,
             SqlUse::Postgres,
         ),
+    ]
+}
+
+/// The orders endpoint on MySQL/MariaDB (its pool as large as
+/// PostgreSQL's).
+fn orders_on_mysql(ctx: &Ctx) -> Vec<Scenario> {
+    let both = || vec![Mode::First, Mode::Duplicate];
+    let url = ctx.mysql_url.clone().unwrap_or_default();
+    let (pool, accounts) = (ctx.args.pg_pool, ctx.args.orders_accounts);
+    vec![
+        Scenario::new(
+            ORDERS_MYSQL_BARE,
+            report::ORDERS_MYSQL_BARE,
+            Kind::OrdersMysqlBare {
+                url: url.clone(),
+                pool,
+                accounts,
+            },
+            vec![Mode::Baseline],
+            RedisUse::None,
+            SqlUse::Mysql,
+        ),
+        Scenario::new(
+            ORDERS_MYSQL,
+            report::ORDERS_MYSQL,
+            Kind::OrdersMysql {
+                url: url.clone(),
+                pool,
+                accounts,
+            },
+            both(),
+            RedisUse::None,
+            SqlUse::Mysql,
+        ),
+        Scenario::new(
+            ORDERS_MYSQL_HAND,
+            report::ORDERS_MYSQL_HAND,
+            Kind::OrdersMysqlHand {
+                url,
+                pool,
+                accounts,
+            },
+            both(),
+            RedisUse::None,
+            SqlUse::Mysql,
+        ),
+    ]
+}
+
+/// The orders endpoint on SQLite, each row on a file of its own.
+fn orders_on_sqlite(ctx: &Ctx) -> Vec<Scenario> {
+    let both = || vec![Mode::First, Mode::Duplicate];
+    let (sqlite_pool, accounts) = (ctx.args.sqlite_pool, ctx.args.orders_accounts);
+    let idem = |file: &str, sole_writer| Kind::OrdersSqlite {
+        path: ctx.sqlite_dir.join(file),
+        pool: sqlite_pool,
+        accounts,
+        sole_writer,
+    };
+    vec![
         Scenario::new(
             ORDERS_SQLITE_BARE,
             report::ORDERS_SQLITE_BARE,
@@ -243,8 +327,24 @@ fn orders_scenarios(ctx: &Ctx) -> Vec<Scenario> {
         Scenario::new(
             ORDERS_SQLITE,
             report::ORDERS_SQLITE,
-            Kind::OrdersSqlite {
-                path: ctx.sqlite_dir.join("orders-idem.db"),
+            idem("orders-idem.db", false),
+            both(),
+            RedisUse::None,
+            SqlUse::Sqlite,
+        ),
+        Scenario::new(
+            ORDERS_SQLITE_SOLE,
+            report::ORDERS_SQLITE_SOLE,
+            idem("orders-idem-sole.db", true),
+            both(),
+            RedisUse::None,
+            SqlUse::Sqlite,
+        ),
+        Scenario::new(
+            ORDERS_SQLITE_HAND,
+            report::ORDERS_SQLITE_HAND,
+            Kind::OrdersSqliteHand {
+                path: ctx.sqlite_dir.join("orders-hand.db"),
                 pool: sqlite_pool,
                 accounts,
             },

@@ -1,6 +1,6 @@
-//! The services the Redis and PostgreSQL scenarios run on: a private
-//! `redis-server` (or `--redis`), and a PostgreSQL database of the
-//! benchmark's own.
+//! The services the Redis and SQL scenarios run on: a private
+//! `redis-server` (or `--redis`), and PostgreSQL and MySQL/MariaDB
+//! databases of the benchmark's own.
 
 use idem_test_support::redis::RedisServer;
 use idem_tower::redis::redis;
@@ -9,7 +9,10 @@ use idem_tower::sql::sqlx;
 
 use crate::Outcome;
 use crate::apps;
-use crate::cli::{Args, ORDERS_BARE, ORDERS_PG, ORDERS_TIERED};
+use crate::cli::{
+    Args, ORDERS_BARE, ORDERS_MYSQL, ORDERS_MYSQL_BARE, ORDERS_MYSQL_HAND, ORDERS_PG,
+    ORDERS_PG_HAND, ORDERS_TIERED,
+};
 use crate::stats::PgStats;
 
 /// The Redis of the Redis scenarios.
@@ -76,6 +79,7 @@ pub(crate) async fn postgres(args: &Args, outcome: &mut Outcome) -> Option<PgSta
         "storm",
         ORDERS_BARE,
         ORDERS_PG,
+        ORDERS_PG_HAND,
         ORDERS_TIERED,
     ]
     .iter()
@@ -108,7 +112,7 @@ async fn prepare_postgres(args: &Args) -> Result<PgStats, String> {
         .execute(&pool)
         .await
         .map_err(|e| format!("TRUNCATE: {e}"))?;
-    if [ORDERS_BARE, ORDERS_PG, ORDERS_TIERED]
+    if [ORDERS_BARE, ORDERS_PG, ORDERS_PG_HAND, ORDERS_TIERED]
         .iter()
         .any(|name| args.wants(name))
     {
@@ -116,4 +120,41 @@ async fn prepare_postgres(args: &Args) -> Result<PgStats, String> {
     }
     pool.close().await;
     Ok(stats)
+}
+
+/// Creates the benchmark's MySQL/MariaDB database if a selected scenario
+/// needs it; its URL, or `None` (with a note) if the server is not up.
+/// Each MySQL row empties and seeds the orders endpoint's tables itself.
+pub(crate) async fn mysql(args: &Args, outcome: &mut Outcome) -> Option<String> {
+    let needed = [ORDERS_MYSQL_BARE, ORDERS_MYSQL, ORDERS_MYSQL_HAND]
+        .iter()
+        .any(|name| args.wants(name));
+    if !needed {
+        return None;
+    }
+    let created = async {
+        let pool = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(1)
+            .connect(&args.mysql)
+            .await
+            .map_err(|e| format!("MySQL at {}: {e}", args.mysql))?;
+        idem_tower::sql::__guards::validate_identifier(&args.mysql_database)
+            .map_err(|e| e.to_string())?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "CREATE DATABASE IF NOT EXISTS {}",
+            args.mysql_database
+        )))
+        .execute(&pool)
+        .await
+        .map_err(|e| format!("CREATE DATABASE: {e}"))?;
+        pool.close().await;
+        Ok::<_, String>(format!("{}/{}", args.mysql, args.mysql_database))
+    };
+    match created.await {
+        Ok(url) => Some(url),
+        Err(err) => {
+            outcome.note(format!("MySQL scenarios skipped: {err}"));
+            None
+        }
+    }
 }

@@ -54,7 +54,7 @@ mod builder;
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod conformance;
 mod dialect;
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 mod hex_digits;
 mod identifier;
 #[cfg(feature = "mysql")]
@@ -198,7 +198,13 @@ impl<DB: Dialect> SqlStore<DB> {
     /// [`SqlStoreBuilder`].
     pub fn new(pool: sqlx::Pool<DB>) -> Self {
         let max = transactional::default_max_transactions(&pool);
-        Self::from_parts(pool, DEFAULT_TABLE.to_owned(), DEFAULT_LOCK_TIMEOUT, max)
+        Self::from_parts(
+            pool,
+            DEFAULT_TABLE.to_owned(),
+            DEFAULT_LOCK_TIMEOUT,
+            max,
+            false,
+        )
     }
 
     /// A builder for a store on `pool`: its table, lock timeout and open
@@ -222,7 +228,21 @@ impl<DB: Dialect> SqlStore<DB> {
         SqlStoreBuilder::new(pool)
     }
 
-    fn from_parts(pool: sqlx::Pool<DB>, table: String, lock_timeout: Duration, max: usize) -> Self {
+    /// A store of these parts; `sole_writer`: the store's pool is the
+    /// only writer of the database (SQLite), so its relay of the write lock
+    /// has no limit in a row (`relay.rs`).
+    fn from_parts(
+        pool: sqlx::Pool<DB>,
+        table: String,
+        lock_timeout: Duration,
+        max: usize,
+        sole_writer: bool,
+    ) -> Self {
+        let relay = if sole_writer {
+            Relay::handing_on_at_most(usize::MAX)
+        } else {
+            Relay::new()
+        };
         Self {
             inner: Arc::new(Inner {
                 queries: DB::queries(&table),
@@ -231,7 +251,7 @@ impl<DB: Dialect> SqlStore<DB> {
                 lock_timeout,
                 open: Arc::new(OpenClaims::new(max)),
                 writer: WriterTurns::new(DB::ONE_WRITER),
-                relay: Relay::new(),
+                relay,
                 batches: Batches::new(),
             }),
         }

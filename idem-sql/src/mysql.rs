@@ -15,6 +15,8 @@ use super::dialect::{
 };
 use idem_core::OwnerToken;
 
+mod script;
+
 const MIGRATIONS: &[(i64, &str)] = &[(
     1,
     include_str!("../migrations/mysql/0001_create_records.sql"),
@@ -30,6 +32,61 @@ fn take_over(column: &str, new: &str) -> String {
         "{column} = IF(expires_at <= {}, {new}, {column})",
         MySql::NOW
     )
+}
+
+/// The claim's upsert on `table`, its values (key hash, key, owner,
+/// fingerprint, lease in milliseconds) given as SQL: parameters (`?`) in
+/// the prepared claim, literals in the transactional claim's script.
+fn upsert(table: &str, [hash, key, owner, fingerprint, lease_ms]: [&str; 5]) -> String {
+    let now = MySql::NOW;
+    let expires = MySql::now_plus_ms(lease_ms);
+    let updates = [
+        take_over("idem_key", "VALUES(idem_key)"),
+        take_over("state", "'I'"),
+        take_over("owner", "VALUES(owner)"),
+        take_over("fingerprint", "VALUES(fingerprint)"),
+        take_over("outcome", "NULL"),
+        take_over("created_at", now),
+        take_over("expires_at", "VALUES(expires_at)"),
+    ]
+    .join(", ");
+    format!(
+        "INSERT INTO {table} \
+           (key_hash, idem_key, state, owner, fingerprint, outcome, expires_at, created_at) \
+         VALUES ({hash}, {key}, 'I', {owner}, {fingerprint}, NULL, {expires}, {now}) \
+         ON DUPLICATE KEY UPDATE {updates}"
+    )
+}
+
+/// What the claim's row, read back, says of a claim by `args`: ours
+/// (acquired) or another's; a lease cut short by a wait on another
+/// transaction's row lock is renewed first.
+async fn owned(
+    conn: &mut MySqlConnection,
+    q: &Queries,
+    args: &ClaimArgs<'_>,
+    row: RecordRow,
+) -> Result<ClaimStep, sqlx::Error> {
+    let ours = row.state == "I" && row.owner.as_deref() == Some(&args.owner.as_bytes()[..]);
+    if !ours {
+        return Ok(ClaimStep::Existing(row));
+    }
+    // The row is ours: this claim's statement wrote it, whatever its
+    // lease says by now. `UTC_TIMESTAMP` is the statement's start, so a
+    // claim that waited on another transaction's row lock got a lease
+    // short by the wait (over by now, after a long one, and a duplicate
+    // could take the key at once); and a lease shorter than the claim's
+    // own round trips is over before the row is read back, however often
+    // the claim is tried (a renewal, refused past the lease, sent it
+    // round again until it reported the store unavailable). A lease short
+    // by more than the third the layer renews within is stamped again
+    // from now, by owner alone: a row still ours was taken over by no
+    // other claim, so no one else holds the key. If it went meanwhile
+    // (taken over, or purged), the claim is tried again.
+    if row.ms_left < args.lease_ms / 3 * 2 && !restamp(conn, q, args).await? {
+        return Ok(ClaimStep::Vanished);
+    }
+    Ok(ClaimStep::Acquired)
 }
 
 impl Dialect for MySql {
@@ -75,24 +132,8 @@ impl Dialect for MySql {
     fn queries(table: &str) -> Queries {
         let (now, left) = (Self::NOW, Self::ms_until("expires_at"));
         let expires = Self::now_plus_ms("?");
-        let updates = [
-            take_over("idem_key", "VALUES(idem_key)"),
-            take_over("state", "'I'"),
-            take_over("owner", "VALUES(owner)"),
-            take_over("fingerprint", "VALUES(fingerprint)"),
-            take_over("outcome", "NULL"),
-            take_over("created_at", now),
-            take_over("expires_at", "VALUES(expires_at)"),
-        ]
-        .join(", ");
         Queries {
-            claim: format!(
-                "INSERT INTO {table} \
-                   (key_hash, idem_key, state, owner, fingerprint, outcome, expires_at, created_at) \
-                 VALUES (?, ?, 'I', ?, ?, NULL, {expires}, {now}) \
-                 ON DUPLICATE KEY UPDATE {updates}"
-            )
-            .into(),
+            claim: upsert(table, ["?"; 5]).into(),
             select: format!(
                 "SELECT state, owner, fingerprint, outcome, {left} FROM {table} WHERE key_hash = ?"
             )
@@ -167,26 +208,7 @@ impl Dialect for MySql {
         let Some(row) = Self::read(conn, q, args.key_hash).await? else {
             return Ok(ClaimStep::Vanished);
         };
-        let ours = row.state == "I" && row.owner.as_deref() == Some(&args.owner.as_bytes()[..]);
-        if !ours {
-            return Ok(ClaimStep::Existing(row));
-        }
-        // The row is ours: this claim's statement wrote it, whatever its
-        // lease says by now. `UTC_TIMESTAMP` is the statement's start, so a
-        // claim that waited on another transaction's row lock got a lease
-        // short by the wait (over by now, after a long one, and a duplicate
-        // could take the key at once); and a lease shorter than the claim's
-        // own round trips is over before the row is read back, however
-        // often the claim is tried (a renewal, refused past the lease, sent
-        // it round again until it reported the store unavailable). A lease
-        // short by more than the third the layer renews within is stamped
-        // again from now, by owner alone: a row still ours was taken over
-        // by no other claim, so no one else holds the key. If it went
-        // meanwhile (taken over, or purged), the claim is tried again.
-        if row.ms_left < args.lease_ms / 3 * 2 && !restamp(conn, q, &args).await? {
-            return Ok(ClaimStep::Vanished);
-        }
-        Ok(ClaimStep::Acquired)
+        owned(conn, q, &args, row).await
     }
 
     shared_statements!(MySqlConnection, own purge);
@@ -242,33 +264,74 @@ impl Dialect for MySql {
         args: ClaimArgs<'_>,
         lock_timeout: Duration,
     ) -> Result<ClaimStep, sqlx::Error> {
-        // No lock wait for the claim statement: a claim that meets another
-        // transaction's uncommitted claim row fails at once with a lock wait
-        // timeout, read as "in flight". MariaDB takes 0 as "do not wait";
-        // MySQL's least is 1 s, so there a duplicate waits up to a second.
-        sqlx::query("SET SESSION innodb_lock_wait_timeout = 0")
-            .execute(&mut *conn)
-            .await?;
-        let step = Self::claim(conn, q, args).await;
-        // Then the handler's: whole seconds, at least 1. It is a session
-        // variable: it stays on the pooled connection, so it is set back on
-        // every path.
-        sqlx::query("SET SESSION innodb_lock_wait_timeout = ?")
-            .bind(lock_timeout.as_secs().max(1))
-            .execute(&mut *conn)
-            .await?;
-        match step {
-            Err(err) if Self::is_lock_timeout(&err) => Ok(ClaimStep::Locked),
-            step => step,
+        // The claim's row written with no lock wait: a claim that meets
+        // another transaction's uncommitted claim row fails at once with a
+        // lock wait timeout, read as "in flight". MariaDB takes 0 as "do
+        // not wait"; MySQL's least is 1 s, so there a duplicate waits up to
+        // a second. Then the handler's lock wait (whole seconds, at least
+        // 1), and the row read back: one round trip (`mysql/script.rs`).
+        // The lock wait is a session variable: it stays on the pooled
+        // connection, so it is set back on every path.
+        let secs = lock_timeout.as_secs().max(1);
+        let script = script::claim(&q.claim, &q.select, &args, secs);
+        let rows = match sqlx::raw_sql(AssertSqlSafe(script))
+            .fetch_all(&mut *conn)
+            .await
+        {
+            Ok(rows) => rows,
+            Err(err) => {
+                // The script stopped at the upsert, before the lock wait
+                // was set back.
+                sqlx::raw_sql(AssertSqlSafe(script::lock_wait(secs)))
+                    .execute(&mut *conn)
+                    .await?;
+                return if Self::is_lock_timeout(&err) {
+                    Ok(ClaimStep::Locked)
+                } else {
+                    Err(err)
+                };
+            }
+        };
+        let Some(row) = rows.first() else {
+            return Ok(ClaimStep::Vanished);
+        };
+        owned(conn, q, &args, record_row(row)?).await
+    }
+
+    async fn tx_commit(
+        mut tx: sqlx::Transaction<'static, Self>,
+        q: &Queries,
+        args: ClaimArgs<'_>,
+        outcome: &[u8],
+        ttl_ms: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let script = script::commit(
+            &q.complete,
+            &script::Completed {
+                key_hash: args.key_hash,
+                owner: args.owner.as_bytes(),
+                outcome,
+                ttl_ms,
+            },
+        );
+        match sqlx::raw_sql(AssertSqlSafe(script)).execute(&mut *tx).await {
+            // Committed. sqlx's handle still counts its transaction open,
+            // and rolls it back when dropped: a ROLLBACK of nothing, which
+            // sqlx sends when the connection goes back to the pool.
+            Ok(_) => Ok(true),
+            // The row was not the claim's to complete: the check failed,
+            // and the COMMIT after it did not run.
+            Err(err) if error_number(&err) == Some(script::NOT_COMPLETED) => {
+                tx.rollback().await?;
+                Ok(false)
+            }
+            Err(err) => Err(err),
         }
     }
 
     fn is_lock_timeout(err: &sqlx::Error) -> bool {
         // ER_LOCK_WAIT_TIMEOUT, ER_LOCK_DEADLOCK (SQLSTATE HY000 / 40001)
-        err.as_database_error()
-            .and_then(|e| e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
-            .is_some_and(|e| matches!(e.number(), 1205 | 1213))
-            || has_code(err, &["40001"])
+        matches!(error_number(err), Some(1205 | 1213)) || has_code(err, &["40001"])
     }
 }
 
@@ -292,4 +355,11 @@ async fn restamp(
         .execute(&mut *conn)
         .await?;
     Ok(done.rows_affected() == 1)
+}
+
+/// MySQL's error number of `err`, if it is a database error.
+fn error_number(err: &sqlx::Error) -> Option<u32> {
+    err.as_database_error()
+        .and_then(|e| e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+        .map(|e| u32::from(e.number()))
 }

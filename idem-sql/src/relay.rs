@@ -46,7 +46,8 @@ pub(crate) const RELAYED: &str = "idem_sqlite_claims_relayed_total";
 /// it go, for as long as the next claim takes to start on its own, so that
 /// writers outside the store find it free now and then. Why four, and what
 /// it costs: docs/stores.md, "SQLite". `tests/sqlite_relay.rs` checks the
-/// bound.
+/// bound. A store built with `sole_writer(true)` (no writer outside it to
+/// make room for) has none.
 const MOST_IN_A_ROW: usize = 4;
 
 /// The transactional claims waiting for the turn to write, in order; `T`
@@ -57,6 +58,8 @@ pub(crate) struct Relay<T> {
     next_place: AtomicU64,
     /// Claims handed the lock since a commit last let it go.
     in_a_row: AtomicUsize,
+    /// The most handed on in a row: [`MOST_IN_A_ROW`], or no limit.
+    most_in_a_row: usize,
     /// The bug this one is built with, for its loom check to catch.
     #[cfg(all(test, idem_loom))]
     bug: Option<Bug>,
@@ -104,10 +107,17 @@ pub(crate) struct Next<T> {
 
 impl<T> Relay<T> {
     pub(crate) fn new() -> Self {
+        Self::handing_on_at_most(MOST_IN_A_ROW)
+    }
+
+    /// A relay that hands the lock on at most `most_in_a_row` times in a
+    /// row (`usize::MAX`: for as long as claims wait).
+    pub(crate) fn handing_on_at_most(most_in_a_row: usize) -> Self {
         Self {
             line: Mutex::new(VecDeque::new()),
             next_place: AtomicU64::new(0),
             in_a_row: AtomicUsize::new(0),
+            most_in_a_row,
             #[cfg(all(test, idem_loom))]
             bug: None,
         }
@@ -157,8 +167,9 @@ impl<T> Relay<T> {
 
     /// The first claim in the line, for the turn's holder to start in its
     /// commit; `None` if there is none, if another writer waits for the
-    /// turn (the line yields to it), or if [`MOST_IN_A_ROW`] claims were
-    /// handed the lock since it was last let go.
+    /// turn (the line yields to it), or if the relay's most in a row
+    /// ([`MOST_IN_A_ROW`] by default) were handed the lock since it was
+    /// last let go.
     pub(crate) fn next(&self, writer: &WriterTurns) -> Option<Next<T>> {
         let mut line = self.lock();
         // Every claim in the line also waits in the writers' queue; anyone
@@ -167,10 +178,14 @@ impl<T> Relay<T> {
         // Only the turn's holder gets here: one at a time.
         let in_a_row = self.in_a_row.load(Ordering::Relaxed);
         let next = match line.front() {
-            Some(_) if !yields && in_a_row < MOST_IN_A_ROW => line.pop_front(),
+            Some(_) if !yields && in_a_row < self.most_in_a_row => line.pop_front(),
             _ => None,
         };
-        let in_a_row = if next.is_some() { in_a_row + 1 } else { 0 };
+        let in_a_row = if next.is_some() {
+            in_a_row.saturating_add(1)
+        } else {
+            0
+        };
         self.in_a_row.store(in_a_row, Ordering::Relaxed);
         next.map(|claim| Next {
             key_hash: claim.key_hash,

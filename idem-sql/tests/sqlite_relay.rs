@@ -7,8 +7,9 @@
 //! for the turn, under concurrent duplicates from two stores on one file
 //! that every key's handler writes once, that claims dropped at any
 //! moment leave the lock and the pool's connections as they found them,
-//! and that a claim meeting another process's writer past the busy timeout
-//! is told "in flight".
+//! that a claim meeting another process's writer past the busy timeout
+//! is told "in flight", and that a store that is the file's sole writer
+//! hands the lock on past the default's limit.
 #![cfg(feature = "sqlite")]
 
 use std::sync::Arc;
@@ -345,6 +346,49 @@ async fn the_lock_is_let_go_after_four_hand_offs_in_a_row() {
     assert!(
         relayed.contains("idem_sqlite_claims_relayed_total 5\n"),
         "four hand-offs, the lock let go, then one more\n{relayed}"
+    );
+    assert_eq!(count(&pool, "SELECT COUNT(*) FROM effects").await, 6);
+    assert_eq!(
+        count(&pool, "SELECT COUNT(*) FROM idem_records WHERE state = 'C'").await,
+        7
+    );
+}
+
+/// With `sole_writer(true)` (nothing outside the store writes the file)
+/// the lock is handed on for as long as claims wait: the same six claims
+/// behind an open one make six hand-offs in a row, where the default's
+/// limit makes five (the test above).
+///
+/// On a current-thread runtime: the metrics recorder is this thread's.
+#[tokio::test]
+async fn a_sole_writer_hands_the_lock_on_past_four_in_a_row() {
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let scrape = recorder.handle();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let (_, pool) = file(Duration::from_secs(5)).await;
+    let store = SqliteStore::builder(pool.clone())
+        .sole_writer(true)
+        .build()
+        .expect("a store");
+    store.migrate().await.expect("migrate");
+
+    let holder = open(&store, "holder").await;
+    let mut waiting = Vec::new();
+    for n in 0..6 {
+        let store = store.clone();
+        waiting.push(tokio::spawn(async move {
+            claim_write_commit(&store, &format!("in-line-{n}")).await
+        }));
+        tokio::time::sleep(QUEUE_UP / 6).await;
+    }
+    holder.commit(&done("holder"), KEEP).await.expect("commit");
+    for claim in waiting {
+        assert_eq!(claim.await.unwrap(), None, "every claim in line committed");
+    }
+    let relayed = scrape.render();
+    assert!(
+        relayed.contains("idem_sqlite_claims_relayed_total 6\n"),
+        "six hand-offs in a row, the lock never let go\n{relayed}"
     );
     assert_eq!(count(&pool, "SELECT COUNT(*) FROM effects").await, 6);
     assert_eq!(

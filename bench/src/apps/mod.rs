@@ -2,6 +2,7 @@
 //! the server runtime, bound to `127.0.0.1:0`.
 
 mod handlers;
+mod handwritten;
 mod orders;
 mod pools;
 
@@ -15,7 +16,7 @@ use axum::Router;
 use axum::routing::post;
 use axum_idempotent::{IdempotentLayer, IdempotentOptions};
 use idem_tower::core::IdempotencyStore;
-use idem_tower::sql::sqlx::{PgPool, SqlitePool};
+use idem_tower::sql::sqlx::{MySqlPool, PgPool, SqlitePool};
 use idem_tower::{Idempotency, MemoryStore, RedisStore, SqliteStore, TieredStore};
 use ruts::store::moka::MokaStore;
 use ruts::{CookieOptions, SessionLayer};
@@ -71,8 +72,38 @@ pub(crate) enum Kind {
         accounts: u32,
     },
     /// The orders endpoint on SQLite writing through idem's `Tx`, in
-    /// transactional mode: what the orders app runs by default.
+    /// transactional mode: what the orders app runs by default; with
+    /// `sole_writer`, the store built as the file's only writer.
     OrdersSqlite {
+        path: PathBuf,
+        pool: u32,
+        accounts: u32,
+        sole_writer: bool,
+    },
+    /// The orders endpoint on MySQL/MariaDB, without idempotency.
+    OrdersMysqlBare {
+        url: String,
+        pool: u32,
+        accounts: u32,
+    },
+    /// The orders endpoint on MySQL/MariaDB writing through idem's `Tx`,
+    /// in transactional mode.
+    OrdersMysql {
+        url: String,
+        pool: u32,
+        accounts: u32,
+    },
+    /// The orders endpoint with deduplication written by hand, on
+    /// PostgreSQL (`handwritten.rs`).
+    OrdersPgHand { url: String, pool: u32 },
+    /// The same on MySQL/MariaDB.
+    OrdersMysqlHand {
+        url: String,
+        pool: u32,
+        accounts: u32,
+    },
+    /// The same on SQLite (`synchronous = NORMAL`).
+    OrdersSqliteHand {
         path: PathBuf,
         pool: u32,
         accounts: u32,
@@ -89,6 +120,11 @@ impl Kind {
                 | Self::OrdersTiered { .. }
                 | Self::OrdersSqliteBare { .. }
                 | Self::OrdersSqlite { .. }
+                | Self::OrdersMysqlBare { .. }
+                | Self::OrdersMysql { .. }
+                | Self::OrdersPgHand { .. }
+                | Self::OrdersMysqlHand { .. }
+                | Self::OrdersSqliteHand { .. }
         )
     }
 }
@@ -112,6 +148,8 @@ struct AppState {
     pg: Option<PgPool>,
     /// The bare orders endpoint's pool, on SQLite.
     sqlite: Option<SqlitePool>,
+    /// The bare orders endpoint's pool, on MySQL/MariaDB.
+    mysql: Option<MySqlPool>,
     /// Simulated work in the handler (zero under load).
     delay: Duration,
 }
@@ -123,8 +161,51 @@ pub(crate) struct Server {
     pub(crate) calls: Arc<AtomicUsize>,
     shutdown: oneshot::Sender<()>,
     done: tokio::task::JoinHandle<()>,
+    pools: Pools,
+}
+
+/// The database pools a scenario's app runs on, closed when it stops.
+#[derive(Default)]
+pub(crate) struct Pools {
     pg: Option<PgPool>,
     sqlite: Option<SqlitePool>,
+    mysql: Option<MySqlPool>,
+}
+
+impl Pools {
+    fn pg(pool: PgPool) -> Self {
+        Self {
+            pg: Some(pool),
+            ..Self::default()
+        }
+    }
+
+    fn sqlite(pool: SqlitePool) -> Self {
+        Self {
+            sqlite: Some(pool),
+            ..Self::default()
+        }
+    }
+
+    fn mysql(pool: MySqlPool) -> Self {
+        Self {
+            mysql: Some(pool),
+            ..Self::default()
+        }
+    }
+
+    /// Closes every pool (PostgreSQL then flushes their statistics).
+    async fn close(self) {
+        if let Some(pool) = self.pg {
+            pool.close().await;
+        }
+        if let Some(pool) = self.sqlite {
+            pool.close().await;
+        }
+        if let Some(pool) = self.mysql {
+            pool.close().await;
+        }
+    }
 }
 
 impl Server {
@@ -140,7 +221,7 @@ impl Server {
         let (shutdown, shutdown_rx) = oneshot::channel::<()>();
         let done = runtime.spawn(async move {
             let built = build(kind, env, delay).await;
-            let (app, calls, pg, sqlite) = match built {
+            let (app, calls, pools) = match built {
                 Ok(built) => built,
                 Err(err) => {
                     let _ = ready_tx.send(Err(err));
@@ -155,14 +236,14 @@ impl Server {
                 }
             };
             let addr = listener.local_addr().expect("a bound address");
-            let _ = ready_tx.send(Ok((addr, calls, pg, sqlite)));
+            let _ = ready_tx.send(Ok((addr, calls, pools)));
             let _ = axum::serve(listener, app)
                 .with_graceful_shutdown(async {
                     let _ = shutdown_rx.await;
                 })
                 .await;
         });
-        let (addr, calls, pg, sqlite) = ready_rx
+        let (addr, calls, pools) = ready_rx
             .await
             .map_err(|_| "the server task ended before it was ready".to_owned())??;
         Ok(Self {
@@ -170,8 +251,7 @@ impl Server {
             calls,
             shutdown,
             done,
-            pg,
-            sqlite,
+            pools,
         })
     }
 
@@ -186,21 +266,28 @@ impl Server {
         {
             done.abort();
         }
-        if let Some(pool) = self.pg {
-            pool.close().await;
-        }
-        if let Some(pool) = self.sqlite {
-            pool.close().await;
-        }
+        self.pools.close().await;
     }
+}
+
+/// `kind`'s app without a server, its handler taking no time: for the
+/// requests sent through it in process (`instructions.rs`). Redis
+/// scenarios have no server here.
+pub(crate) async fn router(kind: Kind) -> Result<Router, String> {
+    let env = Env {
+        redis_url: None,
+        redis_sent: Arc::new(AtomicU64::new(0)),
+    };
+    let (app, _, _) = build(kind, env, Duration::ZERO).await?;
+    Ok(app)
 }
 
 /// A scenario's app, its handler invocations and the database pools to
 /// close when it stops.
-type Built = (Router, Arc<AtomicUsize>, Option<PgPool>, Option<SqlitePool>);
+type Built = (Router, Arc<AtomicUsize>, Pools);
 
 /// A scenario's routes, and the database pools to close when it stops.
-type Routes = (Router<AppState>, Option<PgPool>, Option<SqlitePool>);
+type Routes = (Router<AppState>, Pools);
 
 /// Builds `kind`'s app, its handler taking `delay`.
 async fn build(kind: Kind, env: Env, delay: Duration) -> Result<Built, String> {
@@ -210,45 +297,40 @@ async fn build(kind: Kind, env: Env, delay: Duration) -> Result<Built, String> {
         redis: None,
         pg: None,
         sqlite: None,
+        mysql: None,
         delay,
     };
-    let (app, pg, sqlite) = match kind {
+    let (app, pools) = match kind {
         Kind::Bare => (
             Router::new().route("/orders", post(create_order)),
-            None,
-            None,
+            Pools::default(),
         ),
         Kind::BareRedisGet => {
             state.redis = Some(redis_connection(&env).await?);
             (
                 Router::new().route("/orders", post(create_order_after_get)),
-                None,
-                None,
+                Pools::default(),
             )
         }
-        Kind::Memory => (idem_router(MemoryStore::new())?, None, None),
+        Kind::Memory => (idem_router(MemoryStore::new())?, Pools::default()),
         Kind::Sqlite { path, pool, full } => {
             let pool = sqlite_pool(&path, pool, full).await?;
             let store = SqliteStore::new(pool.clone());
             store.migrate().await.map_err(|e| e.to_string())?;
-            (idem_router(store)?, None, Some(pool))
+            (idem_router(store)?, Pools::sqlite(pool))
         }
         Kind::Postgres { url, pool } => {
             let store = pg_store(&url, pool).await?;
             let pool = store.pool().clone();
-            (idem_router(store)?, Some(pool), None)
+            (idem_router(store)?, Pools::pg(pool))
         }
         Kind::Tiered { url, pool } => {
             let truth = pg_store(&url, pool).await?;
             let pool = truth.pool().clone();
             let gate = RedisStore::new(redis_connection(&env).await?);
-            (
-                idem_router(TieredStore::new(gate, truth))?,
-                Some(pool),
-                None,
-            )
+            (idem_router(TieredStore::new(gate, truth))?, Pools::pg(pool))
         }
-        Kind::Peer => (peer_router(), None, None),
+        Kind::Peer => (peer_router(), Pools::default()),
         Kind::OrdersBare { url, pool } => orders::bare_on_postgres(&url, pool, &mut state).await?,
         Kind::OrdersPg { url, pool } => orders::idem_on_postgres(&url, pool).await?,
         Kind::OrdersTiered { url, pool } => orders::idem_behind_redis(&url, pool, &env).await?,
@@ -261,9 +343,33 @@ async fn build(kind: Kind, env: Env, delay: Duration) -> Result<Built, String> {
             path,
             pool,
             accounts,
-        } => orders::idem_on_sqlite(&path, pool, accounts).await?,
+            sole_writer,
+        } => orders::idem_on_sqlite(&path, pool, accounts, sole_writer).await?,
+        Kind::OrdersMysqlBare {
+            url,
+            pool,
+            accounts,
+        } => orders::bare_on_mysql(&url, pool, accounts, &mut state).await?,
+        Kind::OrdersMysql {
+            url,
+            pool,
+            accounts,
+        } => orders::idem_on_mysql(&url, pool, accounts).await?,
+        Kind::OrdersPgHand { url, pool } => {
+            handwritten::on_postgres(&url, pool, &mut state).await?
+        }
+        Kind::OrdersMysqlHand {
+            url,
+            pool,
+            accounts,
+        } => handwritten::on_mysql(&url, pool, accounts, &mut state).await?,
+        Kind::OrdersSqliteHand {
+            path,
+            pool,
+            accounts,
+        } => handwritten::on_sqlite(&path, pool, accounts, &mut state).await?,
     };
-    Ok((app.with_state(state), calls, pg, sqlite))
+    Ok((app.with_state(state), calls, pools))
 }
 
 /// The peer's app, as axum-idempotent's README sets it up: the in-process

@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use idem_tower::PgStore;
 use idem_tower::redis::redis;
+use idem_tower::sql::sqlx::mysql::MySqlPoolOptions;
 use idem_tower::sql::sqlx::postgres::PgPoolOptions;
 use idem_tower::sql::sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
 };
-use idem_tower::sql::sqlx::{PgPool, SqlitePool};
+use idem_tower::sql::sqlx::{MySqlPool, PgPool, SqlitePool};
 
 use super::Env;
 use crate::stats::Counted;
@@ -45,6 +46,15 @@ pub(super) async fn pg_pool(url: &str, pool: u32) -> Result<PgPool, String> {
         .connect(url)
         .await
         .map_err(|e| format!("PostgreSQL at {url}: {e}"))
+}
+
+/// A MySQL/MariaDB pool of `pool` connections on `url`.
+pub(super) async fn mysql_pool(url: &str, pool: u32) -> Result<MySqlPool, String> {
+    MySqlPoolOptions::new()
+        .max_connections(pool)
+        .connect(url)
+        .await
+        .map_err(|e| format!("MySQL at {url}: {e}"))
 }
 
 /// A `PgStore` on a pool of `pool` connections on `url`.

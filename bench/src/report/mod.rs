@@ -1,6 +1,7 @@
 //! The Markdown tables `idem-bench` prints.
 
 mod bursts;
+pub(crate) mod charts;
 mod costs;
 mod machine;
 mod results;
@@ -26,6 +27,15 @@ pub(crate) const ORDERS_TIERED: &str = "orders endpoint, idem transactional behi
 pub(crate) const ORDERS_SQLITE_BARE: &str = "orders endpoint on SQLite, bare";
 pub(crate) const ORDERS_SQLITE: &str =
     "orders endpoint on SQLite, idem transactional (SqliteStore)";
+pub(crate) const ORDERS_SQLITE_SOLE: &str =
+    "orders endpoint on SQLite, idem transactional (SqliteStore, sole writer)";
+/// The same endpoint on MySQL/MariaDB; its "vs bare" is against the first.
+pub(crate) const ORDERS_MYSQL_BARE: &str = "orders endpoint on MySQL, bare";
+pub(crate) const ORDERS_MYSQL: &str = "orders endpoint on MySQL, idem transactional (MySqlStore)";
+/// The endpoint with deduplication written by hand, on each database.
+pub(crate) const ORDERS_PG_HAND: &str = "orders endpoint, hand-written dedup";
+pub(crate) const ORDERS_MYSQL_HAND: &str = "orders endpoint on MySQL, hand-written dedup";
+pub(crate) const ORDERS_SQLITE_HAND: &str = "orders endpoint on SQLite, hand-written dedup";
 
 /// What a measurement sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +71,7 @@ pub(crate) enum SqlUse {
     None,
     Sqlite,
     Postgres,
+    Mysql,
 }
 
 /// Redis commands per request.
@@ -141,12 +152,39 @@ fn ratio(row: &Row, base: Option<&Row>) -> Option<f64> {
 
 /// Whether `row` is one of the orders endpoint's.
 fn orders(row: &Row) -> bool {
-    [ORDERS_BARE, ORDERS_PG, ORDERS_TIERED].contains(&row.scenario) || orders_on_sqlite(row)
+    [ORDERS_BARE, ORDERS_PG, ORDERS_TIERED, ORDERS_PG_HAND].contains(&row.scenario)
+        || orders_on_sqlite(row)
+        || orders_on_mysql(row)
 }
 
 /// Whether `row` is one of the orders endpoint's on SQLite.
 fn orders_on_sqlite(row: &Row) -> bool {
-    [ORDERS_SQLITE_BARE, ORDERS_SQLITE].contains(&row.scenario)
+    [
+        ORDERS_SQLITE_BARE,
+        ORDERS_SQLITE,
+        ORDERS_SQLITE_SOLE,
+        ORDERS_SQLITE_HAND,
+    ]
+    .contains(&row.scenario)
+}
+
+/// Whether `row` is one of the orders endpoint's on MySQL/MariaDB.
+fn orders_on_mysql(row: &Row) -> bool {
+    [ORDERS_MYSQL_BARE, ORDERS_MYSQL, ORDERS_MYSQL_HAND].contains(&row.scenario)
+}
+
+/// The baseline `row` is compared with: the bare orders endpoint on its
+/// database, or the bare handler.
+fn vs_bare<'a>(row: &Row, baselines: &Baselines<'a>) -> Option<&'a Row> {
+    if orders_on_sqlite(row) {
+        baselines.orders_sqlite_bare
+    } else if orders_on_mysql(row) {
+        baselines.orders_mysql_bare
+    } else if orders(row) {
+        baselines.orders_bare
+    } else {
+        baselines.bare
+    }
 }
 
 /// A ratio as the report prints it (`–` if there is none).
@@ -164,6 +202,8 @@ struct Baselines<'a> {
     orders_bare: Option<&'a Row>,
     /// The bare orders endpoint on SQLite.
     orders_sqlite_bare: Option<&'a Row>,
+    /// The bare orders endpoint on MySQL/MariaDB.
+    orders_mysql_bare: Option<&'a Row>,
 }
 
 impl<'a> Baselines<'a> {
@@ -174,6 +214,7 @@ impl<'a> Baselines<'a> {
             bare_get: find(rows, "bare handler + 1 Redis GET", Mode::Baseline),
             orders_bare: find(rows, ORDERS_BARE, Mode::Baseline),
             orders_sqlite_bare: find(rows, ORDERS_SQLITE_BARE, Mode::Baseline),
+            orders_mysql_bare: find(rows, ORDERS_MYSQL_BARE, Mode::Baseline),
         }
     }
 }

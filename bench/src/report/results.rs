@@ -4,7 +4,8 @@
 use std::io::{self, Write};
 
 use super::{
-    Baselines, ORDERS_BARE, ORDERS_SQLITE_BARE, Row, orders, orders_on_sqlite, ratio, times,
+    Baselines, ORDERS_BARE, ORDERS_MYSQL_BARE, ORDERS_SQLITE_BARE, Row, orders, ratio, times,
+    vs_bare,
 };
 
 /// Microseconds as milliseconds, two decimals.
@@ -22,7 +23,7 @@ pub(super) fn write(
     if rows.iter().any(orders) {
         writeln!(
             out,
-            "The orders endpoint's rows: \"vs bare\" is against the bare orders endpoint on the same database (\"{ORDERS_BARE}\", \"{ORDERS_SQLITE_BARE}\")."
+            "The orders endpoint's rows: \"vs bare\" is against the bare orders endpoint on the same database (\"{ORDERS_BARE}\", \"{ORDERS_MYSQL_BARE}\", \"{ORDERS_SQLITE_BARE}\")."
         )?;
     }
     writeln!(out)?;
@@ -43,13 +44,7 @@ pub(super) fn write(
 /// One row of the results table.
 fn write_row(out: &mut impl Write, row: &Row, baselines: &Baselines<'_>) -> io::Result<()> {
     let m = &row.measured;
-    let vs_bare = if orders_on_sqlite(row) {
-        baselines.orders_sqlite_bare
-    } else if orders(row) {
-        baselines.orders_bare
-    } else {
-        baselines.bare
-    };
+    let vs_bare = vs_bare(row, baselines);
     let vs_get =
         if row.redis.is_some() && row.scenario != "bare handler + 1 Redis GET" && !orders(row) {
             times(ratio(row, baselines.bare_get))

@@ -82,3 +82,75 @@ async fn claims_shorter_than_their_round_trip_acquire() {
     common::claims_shorter_than_their_round_trip_acquire(store.clone()).await;
     drop_table(&store).await;
 }
+
+/// A MySQL transactional commit completes the claim's row, checks that it
+/// did, and commits, in one text query (`mysql/script.rs`). If the row is
+/// no longer the claim's (here the handler deleted it through `Tx`,
+/// something past the store), the check fails the query before its
+/// COMMIT: the commit is refused as fenced and none of the handler's
+/// writes stay.
+#[tokio::test]
+async fn transactional_commit_over_a_row_not_its_own_commits_nothing() {
+    use idem_core::{IdempotencyKey, Outcome, StoredResponse};
+    use idem_sql::TxSlot;
+    use idem_sql::sqlx::{self, MySql};
+
+    let Some(store) = mysql().await else {
+        return;
+    };
+    let pool = store.pool().clone();
+    sqlx::query("CREATE TABLE IF NOT EXISTS idem_test_mysql_effects (k VARCHAR(255) NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let name = format!("mysql-fenced-commit:{:016x}", common::rand_u64());
+    let key = IdempotencyKey::new("idem-test:", &name);
+    let fp = Fingerprint::from_bytes([5; 32]);
+    let claim = store
+        .claim_in_transaction(&key, &fp, Duration::from_secs(30), OwnerToken::generate())
+        .await
+        .expect("MySQL answers");
+    let TxClaim::Open(tx) = claim else {
+        panic!("a fresh key is claimed");
+    };
+    {
+        let handle = tx.handle();
+        let mut guard = handle.get::<TxSlot<MySql>>().unwrap().lock().await;
+        let conn = &mut **guard.as_mut().unwrap();
+        sqlx::query("INSERT INTO idem_test_mysql_effects (k) VALUES (?)")
+            .bind(&name)
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        let deleted = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DELETE FROM {} WHERE idem_key = ?",
+            store.table()
+        )))
+        .bind(key.as_str())
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+        assert_eq!(
+            deleted.rows_affected(),
+            1,
+            "the claim's row, in its transaction"
+        );
+    }
+    let outcome = Outcome::Response(StoredResponse::new(
+        http::StatusCode::CREATED,
+        http::HeaderMap::new(),
+        "done",
+    ));
+    let committed = tx.commit(&outcome, Duration::from_secs(600)).await;
+    assert!(
+        committed.is_err(),
+        "a commit over a row not its own is refused"
+    );
+    let effects: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM idem_test_mysql_effects WHERE k = ?")
+            .bind(&name)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(effects, 0, "nothing of the handler's committed");
+}

@@ -9,7 +9,9 @@
 //!
 //! On PgStore alone, a transactional first request costs one round trip to
 //! PostgreSQL more than the same handler without idem, counted on the wire
-//! (`idem_test_support::round_trips`).
+//! (`idem_test_support::round_trips`); on MySqlStore, one more to
+//! MySQL/MariaDB while the request runs, and sqlx's ROLLBACK of nothing
+//! when the connection goes back to the pool.
 
 use idem_app::orders::App;
 use idem_tests::Harness;
@@ -24,9 +26,10 @@ use axum::routing::post;
 use http::StatusCode;
 use idem_test_support::redis::RedisServer;
 use idem_test_support::round_trips::RoundTrips;
+use idem_tower::sql::sqlx::mysql::MySqlPoolOptions;
 use idem_tower::sql::sqlx::postgres::PgPoolOptions;
-use idem_tower::sql::sqlx::{self, PgPool, Postgres};
-use idem_tower::{Idempotency, PgStore, Tx, idempotent};
+use idem_tower::sql::sqlx::{self, MySql, MySqlPool, PgPool, Postgres};
+use idem_tower::{Idempotency, MySqlStore, PgStore, Tx, idempotent};
 
 /// What clients send to a Redis, seen through `MONITOR` (which marks the
 /// commands a Lua script runs inside Redis as `lua`: those are not round
@@ -239,6 +242,140 @@ async fn a_transactional_first_request_costs_one_round_trip_more_than_without_id
     );
     assert_eq!(
         first,
+        bare + 1,
+        "a first request: the bare endpoint's round trips and one"
+    );
+}
+
+/// The orders of the MySQL round-trip test.
+const MYSQL_INSERT: &str = "INSERT INTO idem_round_trip_orders (note) VALUES (?)";
+
+#[idempotent(key = "trips:{header:idempotency-key}", transactional)]
+async fn mysql_order_with_idem(mut tx: Tx<MySql>, note: String) -> StatusCode {
+    match sqlx::query(MYSQL_INSERT).bind(note).execute(&mut *tx).await {
+        Ok(_) => StatusCode::CREATED,
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// The same handler without idem, on MySQL.
+async fn mysql_order_bare(pool: MySqlPool, note: String) -> StatusCode {
+    let placed = async {
+        let mut tx = pool.begin().await?;
+        sqlx::query(MYSQL_INSERT)
+            .bind(note)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await
+    };
+    match placed.await {
+        Ok(()) => StatusCode::CREATED,
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// Whether a round trip's first send is MySQL's text query `ROLLBACK`
+/// (a packet header of four bytes, then `COM_QUERY`, 3, and the text).
+fn is_rollback(send: &[u8]) -> bool {
+    send.get(4) == Some(&3)
+        && send
+            .get(5..)
+            .is_some_and(|text| text.starts_with(b"ROLLBACK"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mysql_transactional_first_request_costs_one_round_trip_more_than_without_idem() {
+    let Some(url) = idem_tests::Backend::MySql.database_url().await else {
+        return;
+    };
+    let trips = RoundTrips::proxy(&url).await;
+    // One connection, warmed up below, as in the PostgreSQL test.
+    let pool = MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(&trips.url(&url))
+        .await
+        .expect("MySQL through the proxy");
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS idem_round_trip_orders \
+         (id BIGINT AUTO_INCREMENT PRIMARY KEY, note TEXT)",
+    )
+    .execute(&pool)
+    .await
+    .expect("the orders table");
+    let store = MySqlStore::builder(pool.clone())
+        .table("idem_round_trip_records")
+        .build()
+        .expect("a store");
+    store.migrate().await.expect("migrated");
+    let bare_pool = pool.clone();
+    let app = Router::new()
+        .route("/idem", post(mysql_order_with_idem))
+        .route(
+            "/bare",
+            post(move |note: String| mysql_order_bare(bare_pool.clone(), note)),
+        )
+        .with_state(Idempotency::new(store));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let base = format!("http://{}", listener.local_addr().expect("an address"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let client = reqwest::Client::new();
+    let nonce = idem_tests::nonce();
+    let send = |path: &'static str, key: String| {
+        let request = client
+            .post(format!("{base}{path}"))
+            .header("idempotency-key", key)
+            .body("an order");
+        async move {
+            let response = request.send().await.expect("an answer");
+            let replayed = response.headers().contains_key("idempotent-replayed");
+            (response.status().as_u16(), replayed)
+        }
+    };
+    let rows = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM idem_round_trip_orders")
+            .fetch_one(&pool)
+            .await
+            .expect("a count")
+    };
+
+    // Warm up: statements prepared, connections open, on both routes.
+    for n in 0..3 {
+        assert_eq!(send("/bare", format!("{nonce}-w{n}")).await.0, 201);
+        assert_eq!(send("/idem", format!("{nonce}-w{n}")).await.0, 201);
+    }
+
+    let before = trips.settled().await;
+    assert_eq!(send("/bare", format!("{nonce}-bare")).await, (201, false));
+    let bare = trips.settled().await - before;
+
+    let rows_before = rows().await;
+    let before = trips.settled().await;
+    let sent_before = trips.sends().len();
+    assert_eq!(send("/idem", format!("{nonce}-first")).await, (201, false));
+    let first = trips.settled().await - before;
+    let rollbacks = trips.sends()[sent_before..]
+        .iter()
+        .filter(|send| is_rollback(send))
+        .count();
+
+    let before = trips.settled().await;
+    assert_eq!(send("/idem", format!("{nonce}-first")).await, (201, true));
+    let duplicate = trips.settled().await - before;
+    assert_eq!(rows().await - rows_before, 1, "one order for the key");
+
+    eprintln!(
+        "round trips to MySQL: bare {bare}, first request {first} \
+         ({rollbacks} of them sqlx's ROLLBACK once committed), duplicate {duplicate}"
+    );
+    // The claim's row, the session's lock wait and the read back go in one
+    // round trip, the completion with COMMIT in another; sqlx's handle,
+    // which counts its transaction open still, sends a ROLLBACK of nothing
+    // when the connection goes back to the pool, after the answer.
+    assert_eq!(rollbacks, 1, "sqlx's ROLLBACK of its handle, once");
+    assert_eq!(
+        first - rollbacks as u64,
         bare + 1,
         "a first request: the bare endpoint's round trips and one"
     );
