@@ -17,6 +17,7 @@ use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use hyper_util::rt::TokioExecutor;
 use idem_examples::psp::provider::Provider;
 use idem_examples::psp::shop::{self, Shop};
+use idem_test_support::orders::Spawned;
 use idem_test_support::{postgres_url, server_missing, unique};
 use idem_tower::client::{IdempotencyClient, IdempotencyClientLayer, RetryPolicy, RetryReport};
 use idem_tower::sql::sqlx::{self, PgPool, SqlitePool};
@@ -241,3 +242,99 @@ on_both_databases!(
     a_failure_before_the_commit,
     concurrent_payments,
 );
+
+/// The shop as a process of its own (`psp_shop`), on `database`.
+fn shop_process(
+    provider: SocketAddr,
+    database: &str,
+    pause: Option<Duration>,
+) -> (Spawned, String) {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_psp_shop"));
+    command
+        .env("PSP_SHOP_SECRET", std::str::from_utf8(SECRET).unwrap())
+        .args(["--provider", &format!("http://{provider}")])
+        .args(["--database", database]);
+    if let Some(pause) = pause {
+        command.args(["--pause-before-commit-ms", &pause.as_millis().to_string()]);
+    }
+    let spawned = Spawned::start(command, "listening on");
+    let addr = spawned.said("listening on ").expect("an address");
+    (spawned, addr)
+}
+
+/// The shop killed (`kill -9`) after the provider's answer and the order's
+/// insert, before the commit; then a new shop process on the same database
+/// and the customer's retry with the same key. The retry runs the payment
+/// again, and its charge carries the same derived key: the provider
+/// replays the charge it made. One charge, one order.
+async fn killed_between_the_charge_and_the_commit(db: Db, database: &str) {
+    let provider = Provider::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let provider_addr = provider.serve(listener).await.unwrap();
+    let (key, reference) = (unique("pay"), unique("order"));
+    let body = format!(r#"{{"amount_cents":1200,"reference":"{reference}"}}"#);
+    let request = |addr: &str| {
+        http::Request::post(format!("http://{addr}/payments"))
+            .header("content-type", "application/json")
+            .header("idempotency-key", &key)
+            .body(Full::new(Bytes::from(body.clone())))
+            .unwrap()
+    };
+
+    let (mut first, addr) = shop_process(provider_addr, database, Some(Duration::from_secs(60)));
+    // One attempt, no retry: the process it reaches dies under it.
+    let once = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let cut = tokio::spawn(once.request(request(&addr)));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while first.count(&format!("before commit: {reference}")) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the shop never charged"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(provider.charges(), 1);
+    first.kill_9();
+    assert!(
+        cut.await.unwrap().is_err(),
+        "the shop died before answering"
+    );
+    assert!(
+        db.orders(&reference).await.is_empty(),
+        "the order rolled back"
+    );
+
+    let (_second, addr) = shop_process(provider_addr, database, None);
+    let response = customer().oneshot(request(&addr)).await.expect("an answer");
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    let charge = body["charge"].as_str().expect("a charge");
+    assert_eq!(provider.charges(), 1, "charged once");
+    assert_eq!(provider.requests(), 2);
+    assert_eq!(db.orders(&reference).await, vec![charge.to_owned()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_shop_killed_between_the_charge_and_the_commit() {
+    let path = std::env::temp_dir().join(format!("{}.db", unique("idem-psp-kill")));
+    let database = format!("sqlite://{}", path.display());
+    // The shop makes the file and its tables; the test reads them after.
+    let (_made, _) = shop_process(free_provider(), &database, None);
+    let db = Db::Sqlite(SqlitePool::connect(&database).await.expect("the file"));
+    killed_between_the_charge_and_the_commit(db, &database).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_shop_killed_between_the_charge_and_the_commit() {
+    let Some(db) = Db::postgres().await else {
+        return;
+    };
+    killed_between_the_charge_and_the_commit(db, &postgres_url()).await;
+}
+
+/// An address no provider listens on, for a shop that will charge nothing.
+fn free_provider() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap()
+}

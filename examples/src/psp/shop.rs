@@ -124,8 +124,9 @@ impl Shop {
     }
 
     /// What runs between the order's insert and the commit.
-    async fn before_commit(&self) -> Result<(), StatusCode> {
+    async fn before_commit(&self, payment: &Payment) -> Result<(), StatusCode> {
         if let Some(pause) = self.0.pause_before_commit {
+            eprintln!("before commit: {}", payment.reference);
             tokio::time::sleep(pause).await;
         }
         let fail = self
@@ -167,7 +168,7 @@ async fn pay_postgres(
         .execute(&mut *tx)
         .await
         .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
-    shop.before_commit().await?;
+    shop.before_commit(&payment).await?;
     Ok(paid(&payment, &charge))
 }
 
@@ -186,7 +187,7 @@ async fn pay_sqlite(
         .execute(&mut *tx)
         .await
         .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
-    shop.before_commit().await?;
+    shop.before_commit(&payment).await?;
     Ok(paid(&payment, &charge))
 }
 
