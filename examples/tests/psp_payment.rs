@@ -16,7 +16,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use hyper_util::rt::TokioExecutor;
 use idem_examples::psp::provider::Provider;
-use idem_examples::psp::shop::{self, Shop};
+use idem_examples::psp::shop::{self, Pause, Shop};
 use idem_test_support::orders::Spawned;
 use idem_test_support::{postgres_url, server_missing, unique};
 use idem_tower::client::{IdempotencyClient, IdempotencyClientLayer, RetryPolicy, RetryReport};
@@ -243,31 +243,35 @@ on_both_databases!(
     concurrent_payments,
 );
 
-/// The shop as a process of its own (`psp_shop`), on `database`.
-fn shop_process(
-    provider: SocketAddr,
-    database: &str,
-    pause: Option<Duration>,
-) -> (Spawned, String) {
+/// The shop as a process of its own (`psp_shop`), on `database`, pausing
+/// every payment at `pause` if given.
+fn shop_process(provider: SocketAddr, database: &str, pause: Option<Pause>) -> (Spawned, String) {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_psp_shop"));
     command
         .env("PSP_SHOP_SECRET", std::str::from_utf8(SECRET).unwrap())
         .args(["--provider", &format!("http://{provider}")])
         .args(["--database", database]);
     if let Some(pause) = pause {
-        command.args(["--pause-before-commit-ms", &pause.as_millis().to_string()]);
+        let flag = match pause {
+            Pause::BeforeCharge => "--pause-before-charge-ms",
+            Pause::BeforeCommit => "--pause-before-commit-ms",
+            Pause::AfterCommit => "--pause-after-commit-ms",
+        };
+        command.args([flag, "60000"]);
     }
     let spawned = Spawned::start(command, "listening on");
     let addr = spawned.said("listening on ").expect("an address");
     (spawned, addr)
 }
 
-/// The shop killed (`kill -9`) after the provider's answer and the order's
-/// insert, before the commit; then a new shop process on the same database
-/// and the customer's retry with the same key. The retry runs the payment
-/// again, and its charge carries the same derived key: the provider
-/// replays the charge it made. One charge, one order.
-async fn killed_between_the_charge_and_the_commit(db: Db, database: &str) {
+/// The shop killed (`kill -9`) with a payment paused at `at`; then a new
+/// shop process on the same database and the customer's retry with the
+/// same key. Before the charge: nothing was charged or written, the retry
+/// charges. Between the charge and the commit: the order rolled back, and
+/// the retry's charge carries the same derived key, which the provider
+/// replays. After the commit: the retry is replayed the committed answer.
+/// Always one charge, one order naming it.
+async fn killed(db: Db, database: &str, at: Pause) {
     let provider = Provider::new();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let provider_addr = provider.serve(listener).await.unwrap();
@@ -281,57 +285,85 @@ async fn killed_between_the_charge_and_the_commit(db: Db, database: &str) {
             .unwrap()
     };
 
-    let (mut first, addr) = shop_process(provider_addr, database, Some(Duration::from_secs(60)));
+    let (mut first, addr) = shop_process(provider_addr, database, Some(at));
     // One attempt, no retry: the process it reaches dies under it.
     let once = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let cut = tokio::spawn(once.request(request(&addr)));
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while first.count(&format!("before commit: {reference}")) == 0 {
+    while first.count(&format!("{}: ", at.as_str())) == 0 {
         assert!(
             std::time::Instant::now() < deadline,
-            "the shop never charged"
+            "the shop never paused"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(provider.charges(), 1);
     first.kill_9();
     assert!(
         cut.await.unwrap().is_err(),
         "the shop died before answering"
     );
-    assert!(
-        db.orders(&reference).await.is_empty(),
-        "the order rolled back"
-    );
+    let (charged, committed) = match at {
+        Pause::BeforeCharge => (0, 0),
+        Pause::BeforeCommit => (1, 0),
+        Pause::AfterCommit => (1, 1),
+    };
+    assert_eq!(provider.charges(), charged);
+    assert_eq!(db.orders(&reference).await.len(), committed);
 
     let (_second, addr) = shop_process(provider_addr, database, None);
     let response = customer().oneshot(request(&addr)).await.expect("an answer");
     assert_eq!(response.status(), StatusCode::CREATED);
+    let report = response.extensions().get::<RetryReport>().unwrap().clone();
+    assert_eq!(report.replayed, at == Pause::AfterCommit, "{report:?}");
     let body = response.into_body().collect().await.unwrap().to_bytes();
     let body: Value = serde_json::from_slice(&body).unwrap();
     let charge = body["charge"].as_str().expect("a charge");
     assert_eq!(provider.charges(), 1, "charged once");
-    assert_eq!(provider.requests(), 2);
+    let provider_requests = if at == Pause::BeforeCommit { 2 } else { 1 };
+    assert_eq!(provider.requests(), provider_requests);
     assert_eq!(db.orders(&reference).await, vec![charge.to_owned()]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sqlite_shop_killed_between_the_charge_and_the_commit() {
+/// A SQLite file the shop processes share, made (with its tables) by a
+/// first shop process, and the test's own pool on it.
+async fn sqlite_file() -> (Db, String, Spawned) {
     let path = std::env::temp_dir().join(format!("{}.db", unique("idem-psp-kill")));
     let database = format!("sqlite://{}", path.display());
-    // The shop makes the file and its tables; the test reads them after.
-    let (_made, _) = shop_process(free_provider(), &database, None);
+    let (made, _) = shop_process(free_provider(), &database, None);
     let db = Db::Sqlite(SqlitePool::connect(&database).await.expect("the file"));
-    killed_between_the_charge_and_the_commit(db, &database).await;
+    (db, database, made)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn postgres_shop_killed_between_the_charge_and_the_commit() {
-    let Some(db) = Db::postgres().await else {
-        return;
+macro_rules! killed_on_both_databases {
+    ($($name:ident: $at:expr),* $(,)?) => {
+        mod killed {
+            use super::*;
+            $(
+                mod $name {
+                    use super::*;
+
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                    async fn sqlite() {
+                        let (db, database, _made) = sqlite_file().await;
+                        killed(db, &database, $at).await;
+                    }
+
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                    async fn postgres() {
+                        let Some(db) = Db::postgres().await else { return };
+                        killed(db, &postgres_url(), $at).await;
+                    }
+                }
+            )*
+        }
     };
-    killed_between_the_charge_and_the_commit(db, &postgres_url()).await;
 }
+
+killed_on_both_databases!(
+    before_the_charge: Pause::BeforeCharge,
+    between_the_charge_and_the_commit: Pause::BeforeCommit,
+    after_the_commit_before_the_answer: Pause::AfterCommit,
+);
 
 /// An address no provider listens on, for a shop that will charge nothing.
 fn free_provider() -> SocketAddr {

@@ -6,16 +6,19 @@
 //! ```text
 //! PSP_SHOP_SECRET=... psp_shop --provider http://127.0.0.1:4000 \
 //!     --database sqlite:///tmp/shop.db [--pause-before-commit-ms 60000]
+//!     (or --pause-before-charge-ms, --pause-after-commit-ms)
 //! ```
 //!
 //! The secret (at least 32 bytes) comes from the environment, the same on
 //! every instance. With `--pause-before-commit-ms`, each payment says
 //! `before commit: REFERENCE` on stderr once charged and written, and waits
-//! that long before its commit: the window a test's `kill -9` aims at.
+//! that long before its commit: the window a test's `kill -9` aims at; the
+//! same before the charge (`before charge: REFERENCE`) and after the
+//! commit, before the answer (`after commit: KEY`).
 
 use std::time::Duration;
 
-use idem_examples::psp::shop::{self, Shop};
+use idem_examples::psp::shop::{self, Pause, Shop};
 use idem_tower::sql::sqlx::{PgPool, SqlitePool};
 
 #[tokio::main]
@@ -29,7 +32,9 @@ async fn main() -> Result<(), shop::BoxError> {
         match arg.as_str() {
             "--provider" => provider = Some(value),
             "--database" => database = Some(value),
-            "--pause-before-commit-ms" => pause = Some(Duration::from_millis(value.parse()?)),
+            "--pause-before-charge-ms" => pause = Some((Pause::BeforeCharge, value.parse()?)),
+            "--pause-before-commit-ms" => pause = Some((Pause::BeforeCommit, value.parse()?)),
+            "--pause-after-commit-ms" => pause = Some((Pause::AfterCommit, value.parse()?)),
             _ => return Err(format!("unknown argument {arg}").into()),
         }
     }
@@ -38,8 +43,8 @@ async fn main() -> Result<(), shop::BoxError> {
     let secret = std::env::var("PSP_SHOP_SECRET").map_err(|_| "PSP_SHOP_SECRET is required")?;
 
     let mut shop = Shop::new(&provider, Shop::policy(Duration::from_secs(5)));
-    if let Some(pause) = pause {
-        shop = shop.pause_before_commit(pause);
+    if let Some((at, ms)) = pause {
+        shop = shop.pause(at, Duration::from_millis(ms));
     }
     let router = if database.starts_with("postgres") {
         shop::postgres(PgPool::connect(&database).await?, shop, secret.as_bytes()).await?

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use axum::extract::State;
+use axum::extract::{Request, State};
+use axum::middleware::{self, Next};
+use axum::response::Response;
 use axum::routing::post;
 use axum::{Json, Router, http::StatusCode};
 use bytes::Bytes;
@@ -43,7 +45,7 @@ struct Inner {
     charges_url: String,
     provider: IdempotencyClient<Client<HttpConnector, Full<Bytes>>>,
     fail_before_commit: AtomicUsize,
-    pause_before_commit: Option<Duration>,
+    pause: Option<(Pause, Duration)>,
 }
 
 impl Shop {
@@ -55,7 +57,7 @@ impl Shop {
             charges_url: format!("{provider}/v1/charges"),
             provider: IdempotencyClientLayer::new(policy).layer(http),
             fail_before_commit: AtomicUsize::new(0),
-            pause_before_commit: None,
+            pause: None,
         }))
     }
 
@@ -68,13 +70,24 @@ impl Shop {
             .deadline(Duration::from_secs(20))
     }
 
-    /// Every payment, once charged and written, waits `pause` before its
-    /// commit: the window a `kill -9` is aimed at. Before any clone.
-    pub fn pause_before_commit(mut self, pause: Duration) -> Self {
+    /// Every payment waits `pause` at `at`, having said so on stderr
+    /// (`before commit: REFERENCE`): the window a `kill -9` is aimed at.
+    /// Before any clone.
+    pub fn pause(mut self, at: Pause, pause: Duration) -> Self {
         Arc::get_mut(&mut self.0)
             .expect("configured before it is shared")
-            .pause_before_commit = Some(pause);
+            .pause = Some((at, pause));
         self
+    }
+
+    /// Says where the payment is and waits, if the shop pauses at `here`.
+    async fn at(&self, here: Pause, what: &str) {
+        if let Some((at, pause)) = self.0.pause
+            && at == here
+        {
+            eprintln!("{}: {what}", at.as_str());
+            tokio::time::sleep(pause).await;
+        }
     }
 
     /// The next `n` payments fail after the provider's answer and the
@@ -125,10 +138,7 @@ impl Shop {
 
     /// What runs between the order's insert and the commit.
     async fn before_commit(&self, payment: &Payment) -> Result<(), StatusCode> {
-        if let Some(pause) = self.0.pause_before_commit {
-            eprintln!("before commit: {}", payment.reference);
-            tokio::time::sleep(pause).await;
-        }
+        self.at(Pause::BeforeCommit, &payment.reference).await;
         let fail = self
             .0
             .fail_before_commit
@@ -139,6 +149,44 @@ impl Shop {
         }
         Ok(())
     }
+}
+
+/// Where a shop may pause each payment ([`Shop::pause`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pause {
+    /// Before the provider is called: nothing charged, nothing written.
+    BeforeCharge,
+    /// After the provider's answer and the order's insert, before the
+    /// commit.
+    BeforeCommit,
+    /// After the commit, before the answer leaves.
+    AfterCommit,
+}
+
+impl Pause {
+    /// `before charge`, `before commit`, `after commit`: what the shop says
+    /// on stderr when it pauses there.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::BeforeCharge => "before charge",
+            Self::BeforeCommit => "before commit",
+            Self::AfterCommit => "after commit",
+        }
+    }
+}
+
+/// Outside the idem layer: the payment's answer, committed, paused on its
+/// way out if the shop pauses after the commit.
+async fn answering(State(shop): State<Shop>, request: Request, next: Next) -> Response {
+    let key = request
+        .headers()
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let response = next.run(request).await;
+    shop.at(Pause::AfterCommit, &key).await;
+    response
 }
 
 /// Whatever failed while setting the shop up.
@@ -160,6 +208,7 @@ async fn pay_postgres(
     mut tx: Tx<Postgres>,
     Json(payment): Json<Payment>,
 ) -> Answer {
+    shop.at(Pause::BeforeCharge, &payment.reference).await;
     let charge = shop.charge(&operation, &payment).await?;
     sqlx::query("INSERT INTO psp_orders (reference, charge_id, amount_cents) VALUES ($1, $2, $3)")
         .bind(&payment.reference)
@@ -179,6 +228,7 @@ async fn pay_sqlite(
     mut tx: Tx<Sqlite>,
     Json(payment): Json<Payment>,
 ) -> Answer {
+    shop.at(Pause::BeforeCharge, &payment.reference).await;
     let charge = shop.charge(&operation, &payment).await?;
     sqlx::query("INSERT INTO psp_orders (reference, charge_id, amount_cents) VALUES (?, ?, ?)")
         .bind(&payment.reference)
@@ -222,6 +272,7 @@ pub async fn postgres(pool: PgPool, shop: Shop, secret: &[u8]) -> Result<Router,
         .transactional()?;
     Ok(Router::new()
         .route("/payments", post(pay_postgres).layer(layer))
+        .layer(middleware::from_fn_with_state(shop.clone(), answering))
         .with_state(shop))
 }
 
@@ -241,5 +292,6 @@ pub async fn sqlite(pool: SqlitePool, shop: Shop, secret: &[u8]) -> Result<Route
         .transactional()?;
     Ok(Router::new()
         .route("/payments", post(pay_sqlite).layer(layer))
+        .layer(middleware::from_fn_with_state(shop.clone(), answering))
         .with_state(shop))
 }
