@@ -335,3 +335,33 @@ async fn the_client_layer_waits_out_a_running_duplicate_and_gets_its_reply() {
     assert_eq!(reply.get_ref(), original.get_ref());
     assert_eq!((payments.runs(), payments.charges()), (1, 1));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_operation_key_in_the_calls_extensions_is_its_key_on_every_retry() {
+    let payments = Payments::new();
+    let (channel, _health) = start(&payments, false).await;
+    let policy =
+        RetryPolicy::default().backoff(Duration::from_millis(5), Duration::from_millis(20));
+    let mut client = grpc_payments::client(channel, policy);
+    payments.fail_next(2);
+    // What a handler passes on: `operation.key_for("psp-charge")`.
+    let derived = idem_tower::OperationKey::from_caller("7f3a9c-derived").unwrap();
+    let mut call = charge(None, 1200);
+    call.extensions_mut().insert(derived.clone());
+    let reply = client.charge(call).await.expect("retried to OK");
+    let report = reply
+        .extensions()
+        .get::<RetryReport>()
+        .expect("a report")
+        .clone();
+    assert_eq!(report.attempts, 3);
+    assert_eq!(report.origin, KeyOrigin::Caller);
+    assert_eq!(report.key.unwrap(), derived.as_str());
+    // The same call again, the same key: replayed, not charged.
+    let mut again = charge(None, 1200);
+    again.extensions_mut().insert(derived);
+    let replay = client.charge(again).await.expect("OK");
+    assert!(replayed(&replay));
+    assert_eq!(replay.get_ref(), reply.get_ref());
+    assert_eq!((payments.runs(), payments.charges()), (3, 1));
+}

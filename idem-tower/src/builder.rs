@@ -109,6 +109,7 @@ impl IdempotencyBuilder {
                 in_flight_retry_after: Self::DEFAULT_IN_FLIGHT_RETRY_AFTER,
                 safe_methods_pass_through: true,
                 duplicated: DuplicatedKeys::default(),
+                outbound: None,
             },
         }
     }
@@ -286,6 +287,46 @@ impl IdempotencyBuilder {
     /// other.
     pub fn safe_methods_pass_through(mut self, pass: bool) -> Self {
         self.config.safe_methods_pass_through = pass;
+        self
+    }
+
+    /// The deployment's secret, from which each request's [`Operation`](crate::Operation)
+    /// and the keys of its calls out ([`Operation::key_for`](crate::Operation::key_for))
+    /// are derived. Without one, handlers get no `Operation`.
+    ///
+    /// Every instance of the service, and every version deployed while
+    /// its records live, must have the same secret: an operation retried
+    /// on an instance with another would derive other keys, and its calls
+    /// out would reach the provider as new operations. Keep it as you keep
+    /// other secrets (not in the repository); anyone who has it can compute
+    /// the keys of your calls out from a client's key, tenant and user.
+    /// There is no default: a random one per process would change the keys
+    /// with every restart (the crash they are for), and a fixed one would be
+    /// no secret.
+    ///
+    /// # Panics
+    ///
+    /// If `secret` is shorter than 32 bytes.
+    ///
+    /// ```
+    /// use idem_tower::{Idempotency, MemoryStore};
+    ///
+    /// # let secret = [7u8; 32];
+    /// // In production: read from the secret store, the same on every instance.
+    /// let idem = Idempotency::builder(MemoryStore::new())
+    ///     .outbound_key_secret(secret)
+    ///     .build();
+    /// # let _ = idem;
+    /// ```
+    pub fn outbound_key_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        let secret = secret.as_ref();
+        assert!(
+            secret.len() >= crate::operation::MIN_SECRET,
+            "IdempotencyBuilder::outbound_key_secret takes a secret of at least {} bytes, got {}",
+            crate::operation::MIN_SECRET,
+            secret.len()
+        );
+        self.config.outbound = Some(crate::operation::OutboundKeys::new(secret));
         self
     }
 

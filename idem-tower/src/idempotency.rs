@@ -47,6 +47,9 @@ pub(crate) struct Config {
     pub(crate) in_flight_retry_after: Duration,
     pub(crate) safe_methods_pass_through: bool,
     pub(crate) duplicated: DuplicatedKeys,
+    /// What operations and their outbound keys are derived with; `None`
+    /// until the deployment gives a secret.
+    pub(crate) outbound: Option<crate::operation::OutboundKeys>,
 }
 
 /// The idempotency handle: a store and the configuration shared by every

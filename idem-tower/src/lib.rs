@@ -213,6 +213,7 @@ mod finished;
 mod idempotency;
 pub mod layer;
 mod metrics;
+mod operation;
 mod problem;
 mod ran;
 mod resolver;
@@ -227,6 +228,9 @@ pub use duplicated::DuplicatedKey;
 pub use finished::{FinalResponseFn, FinishedResponse, final_by_default};
 pub use idempotency::Idempotency;
 pub use layer::{IdempotencyLayer, IdempotencyService};
+#[cfg(feature = "axum")]
+pub use operation::OperationRejection;
+pub use operation::{KeyForm, Operation, OperationKey};
 pub use problem::Problem;
 pub use ran::HandlerRan;
 pub use resolver::Resolver;

@@ -132,6 +132,10 @@ pub struct MetricsGuideDoctests;
 pub struct ClientGuideDoctests;
 
 #[cfg(doctest)]
+#[doc = include_str!("../../docs/outbound.md")]
+pub struct OutboundGuideDoctests;
+
+#[cfg(doctest)]
 #[doc = include_str!("../../docs/guards.md")]
 pub struct GuardsGuideDoctests;
 

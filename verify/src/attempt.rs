@@ -10,6 +10,9 @@
 //!                                    └─duplicate─> the gate re-warmed (a replay) ─> answer
 //! ```
 //!
+//! The handler calls a provider out first, under a key derived from the
+//! operation (`stores::charge`), then makes its own effect.
+//!
 //! and the faults that cut into it: a Redis command failing, a handler
 //! failing, a crash.
 
@@ -92,6 +95,9 @@ impl IdemModel {
                 next
             }
             Step::Handler => {
+                // The handler's call out first (a charge at a provider that
+                // deduplicates by key), then its own effect.
+                stores::charge(state, k, token, bug);
                 if self.mode == Mode::Plain {
                     state.ghost.effects[k] += 1;
                 }

@@ -36,16 +36,23 @@ pub enum Bug {
     /// another body holds the gate once the first's gate record is gone, and
     /// the first's retry is refused although SQL committed it.
     GateTrustsMismatch,
+    /// The handler's call out carries a key made for this run (a fresh
+    /// UUID per handler call) instead of one derived from the operation
+    /// (`Operation::key_for`): a run after a crash between the call and the
+    /// commit, or after a plain claim abandoned past its effect, calls the
+    /// provider under a key it has not seen, and it charges again.
+    ChildKeyPerRun,
 }
 
 impl Bug {
     /// Every seeded bug, [`Bug::None`] excepted.
-    pub const SEEDED: [Self; 5] = [
+    pub const SEEDED: [Self; 6] = [
         Self::CompleteWithoutOwnerCheck,
         Self::TakeoverIgnoresLease,
         Self::GateTrustedWithoutSqlOnTxClaim,
         Self::ReleaseAfterCommit,
         Self::GateTrustsMismatch,
+        Self::ChildKeyPerRun,
     ];
 
     /// The property this bug breaks, or `None` for [`Bug::None`].
@@ -58,6 +65,7 @@ impl Bug {
             }
             Self::GateTrustedWithoutSqlOnTxClaim => Some(properties::NO_KEY_HELD_BY_THE_DEAD),
             Self::GateTrustsMismatch => Some(properties::COMMITTED_NEVER_REFUSED),
+            Self::ChildKeyPerRun => Some(properties::AT_MOST_ONE_CHARGE),
         }
     }
 }

@@ -28,7 +28,9 @@
 //!   gate's `SET NX PX GET`; the SQL claim; the gate brought in line with SQL
 //!   (the `reconcile` of a claim the gate let through, the re-warming and
 //!   the orphan takeover past the gate); the handler's effect; the completion
-//!   or the commit; the gate's completion; the answer. A failing
+//!   or the commit; the gate's completion; the answer. The handler first
+//!   calls a provider out (a charge), under the key derived from the
+//!   operation; the provider deduplicates by key, as Stripe does. A failing
 //!   handler releases (plain) or rolls back (transactional), then frees the
 //!   gate.
 //! - **Both modes** ([`Mode`]). Plain: an in-flight row with an owner and a
@@ -99,6 +101,7 @@
 //! | "The three layers", failure policy: Redis down degrades to SQL, still exactly once; a key Redis lost is a duplicate SQL catches | 1, 3 under [`Faults::redis_errors`] and [`Faults::redis_losses`]; reached: [`SQL_CATCHES_LOST_KEY`] | |
 //! | "The three layers", liveness: a transactional claim lives as long as its transaction, a plain one by its lease; a crashed request's key frees with its session, behind the gate too | 4, [`NO_KEY_HELD_BY_THE_DEAD`]; reached: [`TAKEOVER_AFTER_CRASH`] | [`Bug::GateTrustedWithoutSqlOnTxClaim`] |
 //! | "The three layers": SQL is the truth, the gate answers only what it can know (a replay of a completed record, a claim in flight) | 5, [`COMMITTED_NEVER_REFUSED`] | [`Bug::GateTrustsMismatch`] (found in the real code by this model, fixed in `idem-redis/src/tiered/mod.rs`) |
+//! | "Calls out of a handler": every run of an operation calls out under the key derived from it, which a deduplicating provider replays | 6, [`AT_MOST_ONE_CHARGE`] (no plain-mode exception) | [`Bug::ChildKeyPerRun`] |
 //! | docs/leases-and-crashes.md, "Without transactional mode, know the limit" | property 1's one exception; reached: [`PLAIN_EFFECT_MADE_AGAIN`] | |
 //! | "The five rounds" | reached: [`REPLAYED`] (1); concurrent copies and retries (2); a failing or crashed first attempt, then a retry (3); Redis failing and losing keys (4); two instances (5) | |
 //!
@@ -123,7 +126,7 @@ pub use check::{Trace, Verdict, check, hunt};
 pub use config::{ClientSpec, Faults, IdemModel, Mode};
 pub use model::Action;
 pub use properties::{
-    ACKNOWLEDGED_EFFECT_EXISTS, AT_MOST_ONE_EFFECT, COMMITTED_NEVER_REFUSED,
+    ACKNOWLEDGED_EFFECT_EXISTS, AT_MOST_ONE_CHARGE, AT_MOST_ONE_EFFECT, COMMITTED_NEVER_REFUSED,
     NO_KEY_HELD_BY_THE_DEAD, PLAIN_EFFECT_MADE_AGAIN, REPLAY_IS_COMMITTED_RESPONSE, REPLAYED,
     SQL_CATCHES_LOST_KEY, TAKEOVER_AFTER_CRASH,
 };

@@ -1,4 +1,4 @@
-//! What the checker holds the model to: five `always` properties, the
+//! What the checker holds the model to: six `always` properties, the
 //! invariants of ARCHITECTURE.md ("Records", "The three layers"), and the
 //! `sometimes` properties that show the paths worth checking are reached,
 //! so that a model that cannot get there fails instead of passing vacuously.
@@ -35,6 +35,11 @@ pub const NO_KEY_HELD_BY_THE_DEAD: &str =
 /// replayed, whatever another body's attempt left in the gate.
 pub const COMMITTED_NEVER_REFUSED: &str =
     "a request SQL committed is never refused as another request (422)";
+/// Property 6: at most one charge per key at the provider a handler calls
+/// out to, in both modes, without property 1's plain-mode exception: every
+/// run of an operation calls it under the key derived from the operation,
+/// and the provider replays a key it has seen (docs/outbound.md).
+pub const AT_MOST_ONE_CHARGE: &str = "at most one charge per key at the provider called out to";
 
 /// Reached: a duplicate is replayed the stored response.
 pub const REPLAYED: &str = "a duplicate is replayed";
@@ -48,7 +53,7 @@ pub const SQL_CATCHES_LOST_KEY: &str = "SQL catches a duplicate of a key Redis l
 /// the effect made again: the exception to property 1 is not vacuous.
 pub const PLAIN_EFFECT_MADE_AGAIN: &str = "plain mode: an abandoned claim's effect is made again (docs/leases-and-crashes.md: know the limit)";
 
-/// The properties of `model`: the five invariants, and the `sometimes` ones
+/// The properties of `model`: the six invariants, and the `sometimes` ones
 /// its configuration can reach (a takeover needs a crash, a catch needs a
 /// lost key).
 pub(crate) fn of(model: &IdemModel) -> Vec<Property<IdemModel>> {
@@ -58,6 +63,7 @@ pub(crate) fn of(model: &IdemModel) -> Vec<Property<IdemModel>> {
         Property::always(REPLAY_IS_COMMITTED_RESPONSE, replay_is_committed_response),
         Property::always(NO_KEY_HELD_BY_THE_DEAD, no_key_held_by_the_dead),
         Property::always(COMMITTED_NEVER_REFUSED, committed_never_refused),
+        Property::always(AT_MOST_ONE_CHARGE, at_most_one_charge),
         Property::sometimes(REPLAYED, replayed),
     ];
     if model.faults.crashes > 0 {
@@ -168,4 +174,8 @@ pub(crate) fn held_by_the_living(model: &IdemModel, state: &State, k: usize) -> 
                     .is_some_and(|owner| state.running(owner))
         }
     }
+}
+
+fn at_most_one_charge(_: &IdemModel, state: &State) -> bool {
+    state.ghost.charges.iter().all(|&charges| charges <= 1)
 }

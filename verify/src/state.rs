@@ -280,12 +280,26 @@ pub(crate) struct Used {
     pub(crate) stalls: u8,
 }
 
+/// The provider a handler calls out to, which deduplicates by the call's
+/// key, as Stripe does: what keys it has seen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub(crate) struct Provider {
+    /// Keys derived from the operation (`operation.key_for`), one per
+    /// record key: bit per key.
+    pub(crate) operations: u8,
+    /// Keys made per run ([`Bug::ChildKeyPerRun`](crate::Bug::ChildKeyPerRun)): bit per token.
+    pub(crate) runs: u16,
+}
+
 /// History the properties read and the system does not keep.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub(crate) struct Ghost {
     /// Committed effects per key: plain, written by the handler; transactional,
     /// made durable by the commit.
     pub(crate) effects: [u8; MAX_KEYS],
+    /// Charges the provider made per key (each a call with a key it had
+    /// not seen).
+    pub(crate) charges: [u8; MAX_KEYS],
     /// The tokens whose response was ever committed to SQL (bit per token).
     pub(crate) committed: u16,
     /// The tokens whose attempt a crash cut short (bit per token).
@@ -323,6 +337,8 @@ pub struct State {
     pub(crate) instances: [Option<Attempt>; INSTANCES],
     /// The clients.
     pub(crate) clients: [Client; MAX_CLIENTS],
+    /// The provider the handlers call out to.
+    pub(crate) provider: Provider,
     /// The faults injected so far.
     pub(crate) used: Used,
     /// The properties' history.

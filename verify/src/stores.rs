@@ -175,6 +175,26 @@ pub(crate) fn commit(
     true
 }
 
+/// The handler of `token`'s attempt on key `k` calls the provider: under
+/// the key derived from the operation (the same for every run of `k`), or,
+/// with [`Bug::ChildKeyPerRun`], one made for this run. The provider
+/// charges a key it has not seen and replays one it has.
+pub(crate) fn charge(state: &mut crate::state::State, k: usize, token: Token, bug: Bug) {
+    let provider = &mut state.provider;
+    let new = if bug == Bug::ChildKeyPerRun {
+        let seen = provider.runs & crate::state::bit(token) != 0;
+        provider.runs |= crate::state::bit(token);
+        !seen
+    } else {
+        let seen = provider.operations & (1 << k) != 0;
+        provider.operations |= 1 << k;
+        !seen
+    };
+    if new {
+        state.ghost.charges[k] += 1;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

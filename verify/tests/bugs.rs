@@ -74,3 +74,14 @@ fn trusting_the_gates_mismatch_refuses_a_committed_request() {
     caught(Mode::Plain, Bug::GateTrustsMismatch);
     caught(Mode::Transactional, Bug::GateTrustsMismatch);
 }
+
+/// A key made per run for the handler's call out: a run after a crash
+/// between the call and the commit (transactional), or after a plain claim
+/// abandoned past its effect, calls the provider under a key it has not
+/// seen, and the card is charged twice. With the derived key the provider
+/// replays its charge, in both modes.
+#[test]
+fn a_call_out_keyed_per_run_charges_twice() {
+    caught(Mode::Plain, Bug::ChildKeyPerRun);
+    caught(Mode::Transactional, Bug::ChildKeyPerRun);
+}

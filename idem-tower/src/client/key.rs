@@ -9,6 +9,8 @@
 
 use http::{HeaderMap, HeaderValue, Method};
 
+pub use crate::operation::{KeyForm, OperationKey};
+
 /// The header the key travels in.
 pub const KEY_HEADER: &str = "idempotency-key";
 
@@ -24,53 +26,20 @@ pub enum KeyKind {
     V7,
 }
 
-/// How a key is written in the `Idempotency-Key` header.
-///
-/// Bare by default (`Idempotency-Key: 8e03978e-...`): that is what Stripe
-/// and most servers built before the IETF draft read, taking the header's
-/// value as written, so a quoted key would reach them as another key, quotes
-/// included (or be refused). The draft
-/// (draft-ietf-httpapi-idempotency-key-header) writes the key as a
-/// Structured Field String, quoted; a server that follows it reads a
-/// generated key (a UUID, nothing in it to escape) the same in either form,
-/// and idem's own layer takes both as one key. Choose
-/// [`Quoted`](Self::Quoted) for a server that insists on the draft's form.
-///
-/// ```
-/// use idem_tower::client::{IdempotencyClientLayer, KeyForm, RetryPolicy};
-///
-/// let layer = IdempotencyClientLayer::new(RetryPolicy::default()).key_form(KeyForm::Quoted);
-/// # let _ = layer;
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum KeyForm {
-    /// `Idempotency-Key: 8e03978e-...`, as most servers read it.
-    #[default]
-    Bare,
-    /// `Idempotency-Key: "8e03978e-..."`, the IETF draft's Structured
-    /// Field String.
-    Quoted,
-}
-
-/// An `Idempotency-Key` for one business operation: make it once, when the
-/// operation starts, and send it with every call that performs it.
-///
-/// ```
-/// use idem_tower::client::OperationKey;
-///
-/// let key = OperationKey::new_v7();
-/// let request = http::Request::post("http://orders.local/orders")
-///     .header(key.header_name(), key.header_value())
-///     .body(String::from(r#"{"sku":"A-1"}"#))
-///     .unwrap();
-/// # let _ = request;
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OperationKey(HeaderValue);
-
+/// Keys made here: [`OperationKey`]'s generated forms (feature `client`).
 impl OperationKey {
     /// A random key (UUID v4).
+    ///
+    /// ```
+    /// use idem_tower::client::OperationKey;
+    ///
+    /// let key = OperationKey::new_v7();
+    /// let request = http::Request::post("http://orders.local/orders")
+    ///     .header(key.header_name(), key.header_value())
+    ///     .body(String::from(r#"{"sku":"A-1"}"#))
+    ///     .unwrap();
+    /// # let _ = request;
+    /// ```
     pub fn new_v4() -> Self {
         Self::generate(KeyKind::V4)
     }
@@ -89,61 +58,14 @@ impl OperationKey {
         let mut buf = uuid::Uuid::encode_buffer();
         Self(HeaderValue::from_str(uuid.hyphenated().encode_lower(&mut buf)).expect("ASCII"))
     }
-
-    /// The caller's own key, such as an operation id it already stores.
-    /// `None` if it cannot be a header value.
-    pub fn from_caller(key: &str) -> Option<Self> {
-        HeaderValue::from_str(key).ok().map(Self)
-    }
-
-    /// `Idempotency-Key`.
-    pub fn header_name(&self) -> &'static str {
-        KEY_HEADER
-    }
-
-    /// The key as a header value, bare (see [`KeyForm`]).
-    pub fn header_value(&self) -> HeaderValue {
-        self.0.clone()
-    }
-
-    /// The key as a header value in `form`: bare, or quoted as the IETF
-    /// draft writes it, `"` and `\` escaped.
-    ///
-    /// ```
-    /// use idem_tower::client::{KeyForm, OperationKey};
-    ///
-    /// let key = OperationKey::from_caller("order-42").unwrap();
-    /// assert_eq!(key.header_value_in(KeyForm::Quoted), "\"order-42\"");
-    /// assert_eq!(key.header_value_in(KeyForm::Bare), "order-42");
-    /// ```
-    pub fn header_value_in(&self, form: KeyForm) -> HeaderValue {
-        match form {
-            KeyForm::Bare => self.header_value(),
-            KeyForm::Quoted => {
-                let mut quoted = Vec::with_capacity(self.0.len() + 2);
-                quoted.push(b'"');
-                for &b in self.0.as_bytes() {
-                    if b == b'"' || b == b'\\' {
-                        quoted.push(b'\\');
-                    }
-                    quoted.push(b);
-                }
-                quoted.push(b'"');
-                HeaderValue::from_bytes(&quoted).expect("a header value, quoted, is one")
-            }
-        }
-    }
-
-    /// The key as text.
-    pub fn as_str(&self) -> &str {
-        self.0.to_str().unwrap_or_default()
-    }
 }
 
 /// Whose key a request carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeyOrigin {
-    /// The caller set `Idempotency-Key` itself.
+    /// The caller gave it: set `Idempotency-Key` itself, or put an
+    /// [`OperationKey`] in the request's extensions (such as one a handler
+    /// derived with [`Operation::key_for`](crate::Operation::key_for)).
     Caller,
     /// The layer made it for this logical request.
     Generated,
@@ -160,13 +82,26 @@ pub(crate) struct KeyStyle {
 
 /// Makes sure a request of this method carries a key, once, before its
 /// first attempt: the caller's if `Idempotency-Key` is already there (as
-/// the caller wrote it), else a new one of `kind`, written in `form`.
-/// Every retry then re-sends these same headers.
-pub(crate) fn ensure(method: &Method, headers: &mut HeaderMap, style: KeyStyle) -> KeyOrigin {
+/// the caller wrote it), else the [`OperationKey`] the caller put in the
+/// request's extensions (`given`), written in `form`, else a new one of
+/// `kind`, written in `form`. Every retry then re-sends these same headers.
+///
+/// A header written by hand wins over an extension: it is the more
+/// explicit of the two, and a request carries one key.
+pub(crate) fn ensure(
+    method: &Method,
+    headers: &mut HeaderMap,
+    given: Option<&OperationKey>,
+    style: KeyStyle,
+) -> KeyOrigin {
     if method.is_safe() {
         return KeyOrigin::NotSent;
     }
     if headers.contains_key(KEY_HEADER) {
+        return KeyOrigin::Caller;
+    }
+    if let Some(key) = given {
+        headers.insert(KEY_HEADER, key.header_value_in(style.form));
         return KeyOrigin::Caller;
     }
     headers.insert(
@@ -188,6 +123,7 @@ mod tests {
             ensure(
                 &Method::POST,
                 &mut headers,
+                None,
                 KeyStyle {
                     kind: KeyKind::V4,
                     form: KeyForm::Bare
@@ -207,6 +143,7 @@ mod tests {
                 ensure(
                     &Method::POST,
                     &mut headers,
+                    None,
                     KeyStyle {
                         kind,
                         form: KeyForm::Bare
@@ -226,6 +163,7 @@ mod tests {
                 ensure(
                     &Method::POST,
                     &mut headers,
+                    None,
                     KeyStyle {
                         kind,
                         form: KeyForm::Bare
@@ -245,6 +183,7 @@ mod tests {
                 ensure(
                     &method,
                     &mut headers,
+                    None,
                     KeyStyle {
                         kind: KeyKind::V4,
                         form: KeyForm::Bare
@@ -262,6 +201,7 @@ mod tests {
         ensure(
             &Method::POST,
             &mut headers,
+            None,
             KeyStyle {
                 kind: KeyKind::V4,
                 form: KeyForm::Quoted,
@@ -272,6 +212,29 @@ mod tests {
         uuid::Uuid::parse_str(inner.expect("quoted")).expect("a UUID");
         let odd = OperationKey::from_caller(r#"a"b\c"#).unwrap();
         assert_eq!(odd.header_value_in(KeyForm::Quoted), r#""a\"b\\c""#);
+    }
+
+    #[test]
+    fn a_key_in_the_extensions_is_sent_and_a_header_wins_over_it() {
+        let given = OperationKey::from_caller("psp-7f3a").unwrap();
+        let style = KeyStyle {
+            kind: KeyKind::V4,
+            form: KeyForm::Quoted,
+        };
+        let mut headers = HeaderMap::new();
+        let origin = ensure(&Method::POST, &mut headers, Some(&given), style);
+        assert_eq!(origin, KeyOrigin::Caller);
+        assert_eq!(headers[KEY_HEADER], "\"psp-7f3a\"");
+        let mut written = HeaderMap::new();
+        written.insert(KEY_HEADER, HeaderValue::from_static("by-hand"));
+        ensure(&Method::POST, &mut written, Some(&given), style);
+        assert_eq!(written[KEY_HEADER], "by-hand");
+        let mut safe = HeaderMap::new();
+        assert_eq!(
+            ensure(&Method::GET, &mut safe, Some(&given), style),
+            KeyOrigin::NotSent
+        );
+        assert!(safe.is_empty());
     }
 
     #[test]

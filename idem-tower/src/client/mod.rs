@@ -10,6 +10,13 @@
 //! across its retries; a key per attempt would make every retry a new
 //! operation.
 //!
+//! The key is, in this order: the `Idempotency-Key` header the caller
+//! wrote; an [`OperationKey`] the caller put in the request's extensions
+//! (a tonic request's extensions for a gRPC call, reqwest-middleware's
+//! `with_extension` for reqwest), such as the key a handler derived for
+//! one of its calls out with [`Operation::key_for`](crate::Operation::key_for)
+//! (docs/outbound.md); else one made here.
+//!
 //! Retried, same key, same body: connection errors and timeouts, 5xx other
 //! than 501 and 505, 409 with `Retry-After` (the first attempt still runs),
 //! 429 with `Retry-After`. Never other 4xx: a 422 (the key reused for a

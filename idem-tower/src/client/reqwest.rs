@@ -9,7 +9,7 @@ use reqwest_middleware::{Middleware, Next};
 use tracing::Instrument;
 
 use super::attempt::{Schedule, within};
-use super::key::{self, KEY_HEADER, KeyForm, KeyKind, KeyOrigin, KeyStyle};
+use super::key::{self, KEY_HEADER, KeyForm, KeyKind, KeyOrigin, KeyStyle, OperationKey};
 use super::policy::{Cause, RetryPolicy, Verdict};
 use super::report::{ClientError, ClientErrorKind, RetryReport};
 
@@ -78,7 +78,15 @@ impl Middleware for IdempotencyMiddleware {
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
         // Once per logical request, never per attempt.
-        let origin = key::ensure(&request.method().clone(), request.headers_mut(), self.keys);
+        // The key the caller gave as an extension
+        // (`RequestBuilder::with_extension(operation.key_for(..))`), if any.
+        let given = extensions.get::<OperationKey>().cloned();
+        let origin = key::ensure(
+            &request.method().clone(),
+            request.headers_mut(),
+            given.as_ref(),
+            self.keys,
+        );
         let key = request
             .headers()
             .get(KEY_HEADER)

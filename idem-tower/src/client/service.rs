@@ -18,7 +18,7 @@ use tower::Service;
 use tracing::Instrument;
 
 use super::attempt::{Schedule, within};
-use super::key::{self, KEY_HEADER, KeyOrigin, KeyStyle};
+use super::key::{self, KEY_HEADER, KeyOrigin, KeyStyle, OperationKey};
 use super::policy::{Cause, RetryPolicy, Verdict};
 use super::report::{ClientError, ClientErrorKind, RetryReport};
 use crate::layer::RebuildBody;
@@ -120,7 +120,8 @@ where
 {
     let (mut parts, body) = request.into_parts();
     // Once per logical request, never per attempt.
-    let origin = key::ensure(&parts.method, &mut parts.headers, keys);
+    let given = parts.extensions.get::<OperationKey>();
+    let origin = key::ensure(&parts.method, &mut parts.headers, given, keys);
     let key = parts
         .headers
         .get(KEY_HEADER)

@@ -150,6 +150,13 @@ where
     // attempt is not cut off with its client: a claim already sent may land
     // in the store after the client has gone, and would then hold the key
     // until its lease ran out.
+    // The operation the handler runs for, from the key before the claim
+    // takes it.
+    let operation = settings
+        .config()
+        .outbound
+        .as_ref()
+        .map(|keys| keys.operation(&target.key));
     attempt.set();
     let held = match claim::claim(&settings, target, &label, &attempt).await {
         Ok(held) => held,
@@ -168,6 +175,9 @@ where
     // waits for it: a handler that has started runs to its end even if the
     // client goes (its effect may be half made), and its outcome is settled
     // either way.
+    if let Some(operation) = operation {
+        parts.extensions.insert(operation);
+    }
     call_and_settle(settings, held, inner, parts, body, label, wire).await
 }
 

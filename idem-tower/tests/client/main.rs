@@ -198,6 +198,27 @@ async fn a_503_then_success_is_one_effect_in_two_attempts() {
 }
 
 #[tokio::test]
+async fn an_operation_key_in_the_extensions_is_sent_with_every_retry() {
+    let server = Server::default();
+    server.fail_first.store(2, Ordering::SeqCst);
+    let addr = server.start().await;
+    // What a handler passes on: `operation.key_for("psp-charge")`.
+    let derived = idem_tower::OperationKey::from_caller("7f3a9c-derived").unwrap();
+    let mut request = order(addr, None, r#"{"sku":"A-1"}"#);
+    request.extensions_mut().insert(derived.clone());
+
+    let response = client(quick()).oneshot(request).await.expect("an answer");
+    let (status, delivery, _) = read(response).await;
+
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(delivery.attempts, 3);
+    assert_eq!(delivery.origin, KeyOrigin::Caller);
+    let keys = server.keys.lock().unwrap().clone();
+    assert_eq!(keys, vec![Some(derived.as_str().to_owned()); 3]);
+    assert_eq!(server.runs(), 1);
+}
+
+#[tokio::test]
 async fn a_generated_key_is_made_once_and_kept_across_retries() {
     let server = Server::default();
     server.fail_first.store(3, Ordering::SeqCst);

@@ -50,6 +50,32 @@ async fn a_503_then_success_is_one_effect_in_two_attempts() {
 }
 
 #[tokio::test]
+async fn an_operation_key_given_as_an_extension_is_sent_with_every_retry() {
+    let server = Server::default();
+    server.fail_first.store(2, Ordering::SeqCst);
+    let addr = server.start().await;
+    // What a handler passes on: `operation.key_for("psp-charge")`.
+    let derived = idem_tower::OperationKey::from_caller("7f3a9c-derived").unwrap();
+
+    let response = client(quick())
+        .post(format!("http://{addr}/orders"))
+        .header("content-type", "application/json")
+        .body(r#"{"sku":"A-1"}"#)
+        .with_extension(derived.clone())
+        .send()
+        .await
+        .expect("an answer");
+
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let delivery = delivery(&response);
+    assert_eq!(delivery.attempts, 3);
+    assert_eq!(delivery.origin, KeyOrigin::Caller);
+    let keys = server.keys.lock().unwrap().clone();
+    assert_eq!(keys, vec![Some(derived.as_str().to_owned()); 3]);
+    assert_eq!(server.runs(), 1);
+}
+
+#[tokio::test]
 async fn a_422_is_returned_at_once_with_one_attempt() {
     let server = Server::default();
     let addr = server.start().await;

@@ -24,6 +24,8 @@ mod grpc;
 mod grpc_server;
 mod keys;
 mod leases;
+#[cfg(feature = "axum")]
+mod operations;
 mod replay;
 #[cfg(feature = "axum")]
 mod router;
