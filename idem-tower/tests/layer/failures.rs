@@ -522,54 +522,11 @@ async fn unavailable_store_fails_closed_with_503_and_the_handler_is_not_called()
     assert_eq!(calls.get(), 0, "no handler call without dedup");
 }
 
-/// A memory store whose `complete` fails: the handler's outcome cannot be
-/// recorded.
-struct CompleteFails(MemoryStore);
-
-impl IdempotencyStore for CompleteFails {
-    async fn claim(
-        &self,
-        key: &IdempotencyKey,
-        fingerprint: &Fingerprint,
-        lease: Duration,
-        owner: OwnerToken,
-    ) -> Result<Claim, idem_core::Error> {
-        self.0.claim(key, fingerprint, lease, owner).await
-    }
-
-    async fn complete(
-        &self,
-        _: &IdempotencyKey,
-        _: &OwnerToken,
-        _: &Outcome,
-        _: Duration,
-    ) -> Result<(), idem_core::Error> {
-        Err(connection_refused())
-    }
-
-    async fn release(
-        &self,
-        key: &IdempotencyKey,
-        owner: &OwnerToken,
-    ) -> Result<(), idem_core::Error> {
-        self.0.release(key, owner).await
-    }
-
-    async fn renew(
-        &self,
-        key: &IdempotencyKey,
-        owner: &OwnerToken,
-        lease: Duration,
-    ) -> Result<(), idem_core::Error> {
-        self.0.renew(key, owner, lease).await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn failed_completion_blocks_duplicates_instead_of_running_them() {
     let calls = Calls::default();
     let inner = counting(&calls, |n, _| async move { created(n) });
-    let service = Idempotency::new(CompleteFails(MemoryStore::new()))
+    let service = Idempotency::new(CompleteFails::always())
         .layer()
         .layer(inner);
 
@@ -586,13 +543,28 @@ async fn failed_completion_blocks_duplicates_instead_of_running_them() {
 }
 
 /// A memory store whose first `failures` completions fail, as a store
-/// does through a short outage.
-struct CompleteFailsAtFirst {
+/// does through an outage: the handler's outcome cannot be recorded.
+struct CompleteFails {
     store: MemoryStore,
     failures: AtomicUsize,
 }
 
-impl IdempotencyStore for CompleteFailsAtFirst {
+impl CompleteFails {
+    /// Every completion fails.
+    fn always() -> Self {
+        Self::first(usize::MAX)
+    }
+
+    /// The first `failures` completions fail.
+    fn first(failures: usize) -> Self {
+        Self {
+            store: MemoryStore::new(),
+            failures: AtomicUsize::new(failures),
+        }
+    }
+}
+
+impl IdempotencyStore for CompleteFails {
     async fn claim(
         &self,
         key: &IdempotencyKey,
@@ -667,11 +639,9 @@ async fn a_completion_that_fails_for_a_while_is_retried_until_it_lands() {
     // the rest happen in the background while duplicates wait.
     let calls = Calls::default();
     let inner = counting(&calls, |n, _| async move { created(n) });
-    let store = CompleteFailsAtFirst {
-        store: MemoryStore::new(),
-        failures: AtomicUsize::new(5),
-    };
-    let service = Idempotency::new(store).layer().layer(inner);
+    let service = Idempotency::new(CompleteFails::first(5))
+        .layer()
+        .layer(inner);
     let request = || post("/orders", Some("k-late"), ORDER);
 
     let first = send(&service, request()).await;
@@ -689,7 +659,7 @@ async fn a_completion_that_fails_for_a_whole_lease_lets_a_retry_run_again() {
     // stored, the lease over.
     let calls = Calls::default();
     let inner = counting(&calls, |n, _| async move { created(n) });
-    let idem = Idempotency::builder(CompleteFails(MemoryStore::new()))
+    let idem = Idempotency::builder(CompleteFails::always())
         .lease(Duration::from_millis(400))
         .build();
     let service = idem.layer().layer(inner);
