@@ -192,36 +192,16 @@ async fn a_transactional_first_request_costs_one_round_trip_more_than_without_id
             post(move |note: String| order_bare(bare_pool.clone(), note)),
         )
         .with_state(Idempotency::new(store));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a port");
-    let base = format!("http://{}", listener.local_addr().expect("an address"));
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    let client = reqwest::Client::new();
+    let orders = Orders::serve(app).await;
     let nonce = idem_tests::nonce();
-    let send = |path: &'static str, key: String| {
-        let request = client
-            .post(format!("{base}{path}"))
-            .header("idempotency-key", key)
-            .body("an order");
-        async move {
-            let response = request.send().await.expect("an answer");
-            let replayed = response.headers().contains_key("idempotent-replayed");
-            (response.status().as_u16(), replayed)
-        }
-    };
+    let send = |path: &'static str, key: String| orders.send(path, key);
     let rows = || async {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM idem_round_trip_orders")
             .fetch_one(&pool)
             .await
             .expect("a count")
     };
-
-    // Warm up: statements prepared, connections open, on both routes.
-    for n in 0..3 {
-        assert_eq!(send("/bare", format!("{nonce}-w{n}")).await.0, 201);
-        assert_eq!(send("/idem", format!("{nonce}-w{n}")).await.0, 201);
-    }
+    orders.warm_up(&nonce).await;
 
     let before = trips.settled().await;
     assert_eq!(send("/bare", format!("{nonce}-bare")).await, (201, false));
@@ -315,36 +295,16 @@ async fn a_mysql_transactional_first_request_costs_one_round_trip_more_than_with
             post(move |note: String| mysql_order_bare(bare_pool.clone(), note)),
         )
         .with_state(Idempotency::new(store));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a port");
-    let base = format!("http://{}", listener.local_addr().expect("an address"));
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    let client = reqwest::Client::new();
+    let orders = Orders::serve(app).await;
     let nonce = idem_tests::nonce();
-    let send = |path: &'static str, key: String| {
-        let request = client
-            .post(format!("{base}{path}"))
-            .header("idempotency-key", key)
-            .body("an order");
-        async move {
-            let response = request.send().await.expect("an answer");
-            let replayed = response.headers().contains_key("idempotent-replayed");
-            (response.status().as_u16(), replayed)
-        }
-    };
+    let send = |path: &'static str, key: String| orders.send(path, key);
     let rows = || async {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM idem_round_trip_orders")
             .fetch_one(&pool)
             .await
             .expect("a count")
     };
-
-    // Warm up: statements prepared, connections open, on both routes.
-    for n in 0..3 {
-        assert_eq!(send("/bare", format!("{nonce}-w{n}")).await.0, 201);
-        assert_eq!(send("/idem", format!("{nonce}-w{n}")).await.0, 201);
-    }
+    orders.warm_up(&nonce).await;
 
     let before = trips.settled().await;
     assert_eq!(send("/bare", format!("{nonce}-bare")).await, (201, false));
@@ -379,4 +339,47 @@ async fn a_mysql_transactional_first_request_costs_one_round_trip_more_than_with
         bare + 1,
         "a first request: the bare endpoint's round trips and one"
     );
+}
+
+/// The round-trip tests' app served on loopback, and its client.
+struct Orders {
+    client: reqwest::Client,
+    base: String,
+}
+
+impl Orders {
+    /// Serves `app` on an ephemeral loopback port.
+    async fn serve(app: Router) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let base = format!("http://{}", listener.local_addr().expect("an address"));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self {
+            client: reqwest::Client::new(),
+            base,
+        }
+    }
+
+    /// `POST path` with `key`: the status, and whether it was a replay.
+    async fn send(&self, path: &'static str, key: String) -> (u16, bool) {
+        let response = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header("idempotency-key", key)
+            .body("an order")
+            .send()
+            .await
+            .expect("an answer");
+        let replayed = response.headers().contains_key("idempotent-replayed");
+        (response.status().as_u16(), replayed)
+    }
+
+    /// Statements prepared and connections open, on both routes.
+    async fn warm_up(&self, nonce: &str) {
+        for n in 0..3 {
+            assert_eq!(self.send("/bare", format!("{nonce}-w{n}")).await.0, 201);
+            assert_eq!(self.send("/idem", format!("{nonce}-w{n}")).await.0, 201);
+        }
+    }
 }
