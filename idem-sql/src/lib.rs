@@ -61,6 +61,7 @@ mod identifier;
 mod mysql;
 mod open;
 mod plain;
+mod points;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod purge;
@@ -97,6 +98,8 @@ pub mod __guards {
 #[doc(hidden)]
 pub use idem_core as __core;
 use open::OpenClaims;
+pub use points::PhaseTx;
+use points::PointQueries;
 pub use purge::{PurgeOptions, PurgeTask};
 use relay::Relay;
 pub use slot::{TxGuard, TxSlot};
@@ -167,6 +170,7 @@ struct Inner<DB: Dialect> {
     pool: sqlx::Pool<DB>,
     table: String,
     queries: Queries,
+    points: PointQueries,
     lock_timeout: Duration,
     open: Arc<OpenClaims>,
     writer: WriterTurns,
@@ -246,6 +250,7 @@ impl<DB: Dialect> SqlStore<DB> {
         Self {
             inner: Arc::new(Inner {
                 queries: DB::queries(&table),
+                points: PointQueries::new::<DB>(&table),
                 pool,
                 table,
                 lock_timeout,
