@@ -1,13 +1,15 @@
-//! The handler's view of the operation it runs for: [`Operation`], and the
-//! keys its calls out carry ([`Operation::key_for`], an [`OperationKey`]).
+//! The handler's view of the operation it runs for: [`Operation`], the
+//! keys its calls out carry ([`Operation::key_for`], an [`OperationKey`]),
+//! and its phases' recovery points ([`Operation::phases`]).
 //! docs/outbound.md is the guide; ARCHITECTURE.md, "Calls out of a
 //! handler", the invariants.
 
 mod key;
 
 use std::fmt;
+use std::time::Duration;
 
-use idem_core::IdempotencyKey;
+use idem_core::{IdempotencyKey, Phases, RecoveryPoints};
 
 pub use key::{KeyForm, OperationKey};
 
@@ -34,11 +36,13 @@ impl OutboundKeys {
     }
 
     /// The operation the request claimed under `key` (the stored key:
-    /// namespace, scope, template's parts, tenant and user) runs for.
-    pub(crate) fn operation(&self, key: &IdempotencyKey) -> Operation {
+    /// namespace, scope, template's parts, tenant and user) runs for, on a
+    /// route that keeps its records for `ttl`.
+    pub(crate) fn operation(&self, key: &IdempotencyKey, ttl: Duration) -> Operation {
         Operation {
             id: *blake3::keyed_hash(&self.id, key.as_str().as_bytes()).as_bytes(),
             child: self.child,
+            ttl,
         }
     }
 }
@@ -67,12 +71,14 @@ impl fmt::Debug for OutboundKeys {
 /// same key, unless the route shares its records across callers
 /// ([`IdempotencyLayer::shared_across_callers`](crate::IdempotencyLayer::shared_across_callers)).
 ///
-/// Whether this run follows an earlier attempt cannot be told: a released
-/// attempt (a 5xx, a rollback) leaves no record behind, and a store answers
-/// a claim that took over an expired lease as it answers a fresh one. So
-/// a handler must treat every run as one that may follow an attempt that
-/// got as far as any of its calls out; a derived key makes those calls
-/// safe to make again (docs/outbound.md).
+/// Whether this run follows an earlier attempt is not known to the layer:
+/// a released attempt (a 5xx, a rollback) leaves no record behind, and a
+/// store answers a claim that took over an expired lease as it answers a
+/// fresh one. So a handler must treat every run as one that may follow an
+/// attempt that got as far as any of its calls out; a derived key makes
+/// those calls safe to make again (docs/outbound.md). A handler made of
+/// [`phases`](Self::phases) learns the part that is recorded: how many of
+/// its phases earlier runs finished ([`Phases::finished`]).
 ///
 /// ```
 /// # #[cfg(feature = "axum")] mod example {
@@ -91,6 +97,7 @@ impl fmt::Debug for OutboundKeys {
 pub struct Operation {
     id: [u8; 32],
     child: [u8; 32],
+    ttl: Duration,
 }
 
 impl Operation {
@@ -127,6 +134,85 @@ impl Operation {
         hasher.update(label.as_bytes());
         let hex = hasher.finalize().to_hex();
         OperationKey(http::HeaderValue::from_str(&hex).expect("hex digits are a header value"))
+    }
+}
+
+impl Operation {
+    /// The operation's phases, their recovery points kept in `points` (a
+    /// SQL store: `&PgStore`, `&MySqlStore`, `&SqliteStore`; or
+    /// [`MemoryPoints`](crate::core::MemoryPoints) in tests) for the
+    /// route's ttl: a run after a crash, a failure or a released attempt
+    /// resumes after the last phase an earlier run finished, with its
+    /// output (docs/outbound.md, "Phases").
+    ///
+    /// The points are keyed by the operation's identity: the same on
+    /// every run of it, and never a released record's, which is deleted.
+    /// They are kept for the route's ttl from when each is recorded, so
+    /// they are gone before the operation's completed record is, and a
+    /// key used again after its record expired starts a new operation with
+    /// no points. Completion does not delete them; the store's purge
+    /// does, once expired.
+    ///
+    /// A payment in three phases: the order created pending, the provider
+    /// charged under the operation's derived key, the order marked paid.
+    /// On a route in plain mode (the layer without `.transactional()`):
+    /// each phase commits on its own.
+    ///
+    /// ```no_run
+    /// # #[cfg(all(feature = "axum", feature = "postgres"))] mod example {
+    /// use axum::{Json, extract::State, http::StatusCode};
+    /// use idem_tower::sql::sqlx;
+    /// use idem_tower::{Operation, PgStore};
+    ///
+    /// # async fn charge(_: &str, _: i64, _: &idem_tower::OperationKey) -> Result<String, PayError> { todo!() }
+    /// # #[derive(Debug)] struct PayError;
+    /// # impl From<idem_tower::Error> for PayError { fn from(_: idem_tower::Error) -> Self { PayError } }
+    /// # impl From<sqlx::Error> for PayError { fn from(_: sqlx::Error) -> Self { PayError } }
+    /// # impl axum::response::IntoResponse for PayError {
+    /// #     fn into_response(self) -> axum::response::Response { StatusCode::BAD_GATEWAY.into_response() }
+    /// # }
+    /// # fn routes() -> axum::Router<PgStore> { axum::Router::new().route("/pay", axum::routing::post(pay)) }
+    /// async fn pay(
+    ///     State(store): State<PgStore>,
+    ///     operation: Operation,
+    ///     Json(amount_cents): Json<i64>,
+    /// ) -> Result<Json<String>, PayError> {
+    ///     let phases = operation.phases(&store);
+    ///     // 1. A local transaction: its insert and its point commit together.
+    ///     let order_id: i64 = phases
+    ///         .transaction("create-order", |mut tx| async move {
+    ///             let id = sqlx::query_scalar(
+    ///                 "INSERT INTO orders (amount_cents, state) VALUES ($1, 'pending') RETURNING id",
+    ///             )
+    ///             .bind(amount_cents)
+    ///             .fetch_one(&mut *tx)
+    ///             .await?;
+    ///             Ok::<_, PayError>(id)
+    ///         })
+    ///         .await?;
+    ///     // 2. The call out, under a key that is the same on every run.
+    ///     let key = operation.key_for("psp-charge");
+    ///     let charge_id: String = phases
+    ///         .call("psp-charge", || charge("order", amount_cents, &key))
+    ///         .await?;
+    ///     // 3. A local transaction with the charge's id.
+    ///     let paid_with = charge_id.clone();
+    ///     phases
+    ///         .transaction("mark-paid", |mut tx| async move {
+    ///             sqlx::query("UPDATE orders SET state = 'paid', charge_id = $1 WHERE id = $2")
+    ///                 .bind(paid_with)
+    ///                 .bind(order_id)
+    ///                 .execute(&mut *tx)
+    ///                 .await?;
+    ///             Ok::<_, PayError>(())
+    ///         })
+    ///         .await?;
+    ///     Ok(Json(charge_id))
+    /// }
+    /// # }
+    /// ```
+    pub fn phases<'p, P: RecoveryPoints + ?Sized>(&self, points: &'p P) -> Phases<'p, P> {
+        Phases::new(points, self.id, self.ttl)
     }
 }
 
@@ -183,7 +269,10 @@ mod tests {
     const SECRET: &[u8] = b"a deployment secret of 32+ bytes!!";
 
     fn operation(secret: &[u8], composite: &str) -> Operation {
-        OutboundKeys::new(secret).operation(&IdempotencyKey::new("idem:", composite))
+        OutboundKeys::new(secret).operation(
+            &IdempotencyKey::new("idem:", composite),
+            Duration::from_secs(60),
+        )
     }
 
     #[test]
@@ -204,8 +293,9 @@ mod tests {
     #[test]
     fn a_namespace_is_part_of_the_operation() {
         let keys = OutboundKeys::new(SECRET);
-        let a = keys.operation(&IdempotencyKey::new("billing:", "pay:42"));
-        let b = keys.operation(&IdempotencyKey::new("shipping:", "pay:42"));
+        let ttl = Duration::from_secs(60);
+        let a = keys.operation(&IdempotencyKey::new("billing:", "pay:42"), ttl);
+        let b = keys.operation(&IdempotencyKey::new("shipping:", "pay:42"), ttl);
         assert_ne!(a.id(), b.id());
     }
 
