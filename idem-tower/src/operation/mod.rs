@@ -9,7 +9,7 @@ mod key;
 use std::fmt;
 use std::time::Duration;
 
-use idem_core::{IdempotencyKey, Phases, RecoveryPoints};
+use idem_core::{Fingerprint, IdempotencyKey, Phases, RecoveryPoints};
 
 pub use key::{KeyForm, OperationKey};
 
@@ -23,6 +23,7 @@ pub(crate) const MIN_SECRET: usize = 32;
 pub(crate) struct OutboundKeys {
     id: [u8; 32],
     child: [u8; 32],
+    phases: [u8; 32],
 }
 
 impl OutboundKeys {
@@ -32,16 +33,28 @@ impl OutboundKeys {
         Self {
             id: blake3::derive_key("idem 2026 operation identity", secret),
             child: blake3::derive_key("idem 2026 outbound idempotency key", secret),
+            phases: blake3::derive_key("idem 2026 phases of one request", secret),
         }
     }
 
     /// The operation the request claimed under `key` (the stored key:
     /// namespace, scope, template's parts, tenant and user) runs for, on a
-    /// route that keeps its records for `ttl`.
-    pub(crate) fn operation(&self, key: &IdempotencyKey, ttl: Duration) -> Operation {
+    /// route that keeps its records for `ttl`; its phases are those of the
+    /// request with `fingerprint`.
+    pub(crate) fn operation(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        ttl: Duration,
+    ) -> Operation {
+        let id = *blake3::keyed_hash(&self.id, key.as_str().as_bytes()).as_bytes();
+        let mut phases = blake3::Hasher::new_keyed(&self.phases);
+        phases.update(&id);
+        phases.update(fingerprint.as_bytes());
         Operation {
-            id: *blake3::keyed_hash(&self.id, key.as_str().as_bytes()).as_bytes(),
+            id,
             child: self.child,
+            phases: *phases.finalize().as_bytes(),
             ttl,
         }
     }
@@ -97,6 +110,9 @@ impl fmt::Debug for OutboundKeys {
 pub struct Operation {
     id: [u8; 32],
     child: [u8; 32],
+    /// The identity its phases are recorded under: the operation's and
+    /// the request's fingerprint.
+    phases: [u8; 32],
     ttl: Duration,
 }
 
@@ -145,8 +161,13 @@ impl Operation {
     /// resumes after the last phase an earlier run finished, with its
     /// output (docs/outbound.md, "Phases").
     ///
-    /// The points are keyed by the operation's identity: the same on
-    /// every run of it, and never a released record's, which is deleted.
+    /// The points are keyed by the operation's identity and the request's
+    /// fingerprint: the same on every retry of the request, and outside
+    /// the record, which a released attempt deletes. A key reused for
+    /// another request (another body) once the first's attempts were
+    /// released starts with no phase finished, instead of resuming the
+    /// first request's order and charge; its calls out still carry the
+    /// same derived keys, which a provider that compares requests refuses.
     /// They are kept for the route's ttl from when each is recorded, so
     /// they are gone before the operation's completed record is, and a
     /// key used again after its record expired starts a new operation with
@@ -212,7 +233,7 @@ impl Operation {
     /// # }
     /// ```
     pub fn phases<'p, P: RecoveryPoints + ?Sized>(&self, points: &'p P) -> Phases<'p, P> {
-        Phases::new(points, self.id, self.ttl)
+        Phases::new(points, self.phases, self.ttl)
     }
 }
 
@@ -271,6 +292,7 @@ mod tests {
     fn operation(secret: &[u8], composite: &str) -> Operation {
         OutboundKeys::new(secret).operation(
             &IdempotencyKey::new("idem:", composite),
+            &Fingerprint::from_bytes([0; 32]),
             Duration::from_secs(60),
         )
     }
@@ -293,10 +315,28 @@ mod tests {
     #[test]
     fn a_namespace_is_part_of_the_operation() {
         let keys = OutboundKeys::new(SECRET);
-        let ttl = Duration::from_secs(60);
-        let a = keys.operation(&IdempotencyKey::new("billing:", "pay:42"), ttl);
-        let b = keys.operation(&IdempotencyKey::new("shipping:", "pay:42"), ttl);
+        let (fp, ttl) = (Fingerprint::from_bytes([0; 32]), Duration::from_secs(60));
+        let a = keys.operation(&IdempotencyKey::new("billing:", "pay:42"), &fp, ttl);
+        let b = keys.operation(&IdempotencyKey::new("shipping:", "pay:42"), &fp, ttl);
         assert_ne!(a.id(), b.id());
+    }
+
+    #[test]
+    fn phases_are_the_requests_and_the_same_on_every_run() {
+        let keys = OutboundKeys::new(SECRET);
+        let key = IdempotencyKey::new("idem:", "pay:@tenant=acme:@user=ann:order-42");
+        let ttl = Duration::from_secs(60);
+        let [one, other] = [[1; 32], [2; 32]].map(Fingerprint::from_bytes);
+        let first = keys.operation(&key, &one, ttl);
+        let retry = OutboundKeys::new(SECRET).operation(&key, &one, ttl);
+        let reused = keys.operation(&key, &other, ttl);
+        assert_eq!(first.phases, retry.phases);
+        // Another body under the same key: the same operation, the same
+        // keys out, but phases of its own.
+        assert_eq!(first.id(), reused.id());
+        assert_eq!(first.key_for("psp-charge"), reused.key_for("psp-charge"));
+        assert_ne!(first.phases, reused.phases);
+        assert_ne!(first.phases, first.id);
     }
 
     proptest! {
