@@ -5,7 +5,9 @@
 //! run by concurrent tasks. The orders are rows in the database, counted;
 //! the provider is an in-process stand-in that deduplicates by key, as
 //! Stripe does, and counts its calls and charges. Each case has a store
-//! table of its own (ARCHITECTURE.md, "Recovery points").
+//! table of its own, dropped once it passed; the PostgreSQL cases run
+//! through PgBouncer in transaction pooling too (ARCHITECTURE.md,
+//! "Recovery points").
 #![cfg(all(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 
 use std::collections::HashMap;
@@ -142,6 +144,7 @@ macro_rules! phase_cases {
                                 "INSERT INTO {} (id, amount, state) VALUES ({}, {}, 'pending')",
                                 self.orders, $p1, $p2
                             )))
+                            .persistent(false)
                             .bind(id)
                             .bind(1200_i64)
                             .execute(&mut *tx)
@@ -174,6 +177,7 @@ macro_rules! phase_cases {
                                 "UPDATE {} SET state = 'paid', charge_id = {} WHERE id = {}",
                                 self.orders, $p1, $p2
                             )))
+                            .persistent(false)
                             .bind(paid_with)
                             .bind(order)
                             .execute(&mut *tx)
@@ -191,25 +195,49 @@ macro_rules! phase_cases {
                     Ok((order, charge))
                 }
 
-                /// Every order: id, state, charge.
+                /// Every order: id, state, charge. Simple queries, which a
+                /// pooler in transaction pooling answers whole.
                 async fn orders(&self) -> Vec<(i64, String, Option<String>)> {
-                    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                    let rows = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
                         "SELECT id, state, charge_id FROM {}",
                         self.orders
                     )))
                     .fetch_all(self.store.pool())
                     .await
-                    .unwrap()
+                    .unwrap();
+                    rows.iter()
+                        .map(|row| {
+                            use sqlx::Row;
+                            (row.get(0), row.get(1), row.get(2))
+                        })
+                        .collect()
                 }
 
                 async fn points(&self) -> i64 {
-                    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    let row = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
                         "SELECT COUNT(*) FROM {}_points",
                         self.store.table()
                     )))
                     .fetch_one(self.store.pool())
                     .await
-                    .unwrap()
+                    .unwrap();
+                    sqlx::Row::get(&row, 0)
+                }
+
+                /// Drops the case's tables, once it passed.
+                async fn drop_tables(&self) {
+                    let table = self.store.table();
+                    for dropped in [
+                        &self.orders,
+                        &format!("{table}_points"),
+                        &format!("{table}_schema"),
+                        &table.to_owned(),
+                    ] {
+                        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP TABLE {dropped}")))
+                            .execute(self.store.pool())
+                            .await
+                            .unwrap();
+                    }
                 }
             }
 
@@ -264,6 +292,7 @@ macro_rules! phase_cases {
                     assert_eq!(shop.pay(op, Fault::None).await.unwrap(), (order, charge));
                     assert_eq!(shop.ran.create.load(Ordering::SeqCst), 1);
                     assert_eq!(shop.provider.calls.load(Ordering::SeqCst), calls);
+                    shop.drop_tables().await;
                 }
             }
 
@@ -296,6 +325,7 @@ macro_rules! phase_cases {
                 );
                 assert_eq!(shop.provider.charged(), 1);
                 assert_eq!(shop.points().await, 3);
+                shop.drop_tables().await;
             }
 
             #[tokio::test]
@@ -329,6 +359,7 @@ macro_rules! phase_cases {
                     "the expired point purged, the live one kept"
                 );
                 assert_eq!(shop.store.finished(&op).await.unwrap(), 1);
+                shop.drop_tables().await;
             }
         }
     };
@@ -339,6 +370,17 @@ async fn postgres_pool() -> Option<idem_sql::sqlx::PgPool> {
     match idem_sql::sqlx::PgPool::connect(&url).await {
         Ok(pool) => Some(pool),
         Err(err) => idem_test_support::server_missing("PostgreSQL", &url, err),
+    }
+}
+
+/// PostgreSQL through PgBouncer in transaction pooling: the points'
+/// statements, and the shop's own (unnamed, in the phases' transactions),
+/// on server sessions shared between transactions.
+async fn pgbouncer_pool() -> Option<idem_sql::sqlx::PgPool> {
+    let url = idem_test_support::pgbouncer_url();
+    match idem_sql::sqlx::PgPool::connect(&url).await {
+        Ok(pool) => Some(pool),
+        Err(err) => idem_test_support::server_missing("PgBouncer", &url, err),
     }
 }
 
@@ -368,5 +410,6 @@ async fn sqlite_pool() -> Option<idem_sql::sqlx::SqlitePool> {
 }
 
 phase_cases!(postgres, Postgres, postgres_pool, ["$1", "$2"]);
+phase_cases!(pgbouncer, Postgres, pgbouncer_pool, ["$1", "$2"]);
 phase_cases!(mysql, MySql, mysql_pool, ["?", "?"]);
 phase_cases!(sqlite, Sqlite, sqlite_pool, ["?1", "?2"]);
