@@ -247,7 +247,7 @@ impl Dialect for MySql {
         // scan of the whole table while the table is small (MariaDB 10.11,
         // ten rows), which locks every row, waits on those others hold, and
         // deadlocked with claims and with other purges
-        // (`idem-sql/tests/purge.rs`). READ COMMITTED locks the rows alone,
+        // (`idem-sql/tests/stores/purge.rs`). READ COMMITTED locks the rows alone,
         // not the gaps of the expiry index, which under REPEATABLE READ keep
         // claims from inserting rows there until the purge commits.
         let mut tx = conn

@@ -2,7 +2,7 @@
 //! by outcome and matched route, claim latency and the keys duplicates hit
 //! most. In a test binary of its own: the metrics recorder is process-wide.
 //! The recorder is the one the `orders` binary installs
-//! (`app/tests/metrics.rs` scrapes the binary itself).
+//! (`app/tests/processes/metrics.rs` scrapes the binary itself).
 
 use http::StatusCode;
 use idem_app::orders::{App, install_prometheus};

@@ -7,7 +7,7 @@
 //! The broker here is a recording [`Publisher`] (what it was handed, in what
 //! order, and how many publishes of one key overlapped): these tests are
 //! about the claims and leases in the database. The JetStream publisher is
-//! tested against a real NATS server in `app/tests/outbox.rs`.
+//! tested against a real NATS server in `app/tests/processes/outbox.rs`.
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

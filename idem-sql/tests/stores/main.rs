@@ -1,6 +1,8 @@
 //! The SQL stores against real PostgreSQL, MariaDB/MySQL and SQLite, one
-//! module per database: the store and transactional conformance suites,
-//! and what only that database's store does. Server URLs come from the
+//! module per database (the store and transactional conformance suites,
+//! and what only that database's store does) and per subject (`pooler`
+//! through PgBouncer, `purge`, SQLite's `sqlite_batches` and
+//! `sqlite_relay`, the `state_machine` model), in one test binary. Server URLs come from the
 //! environment: `IDEM_TEST_POSTGRES_URL`, `IDEM_TEST_MYSQL_URL`; SQLite uses
 //! a fresh file under the system temp directory. `common` holds the stores
 //! and the cases more than one database runs.
@@ -14,5 +16,10 @@
 mod common;
 
 mod mysql;
+mod pooler;
 mod postgres;
+mod purge;
 mod sqlite;
+mod sqlite_batches;
+mod sqlite_relay;
+mod state_machine;

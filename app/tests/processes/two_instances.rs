@@ -2,7 +2,7 @@
 //! and one Redis; 50 concurrent copies of one request, split between them,
 //! make exactly one order.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 

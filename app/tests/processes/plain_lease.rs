@@ -10,12 +10,12 @@
 //! about one lease of the kill, and the second process then runs the retry,
 //! once.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 
+use crate::support::{handler_calls, metric, scrape, unique};
 use idem_test_support::{redis_url, server_missing};
-use support::{handler_calls, metric, scrape, unique};
 
 /// The lease both processes run with.
 const LEASE: Duration = Duration::from_secs(1);

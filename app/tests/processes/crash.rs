@@ -5,12 +5,12 @@
 //! (the database rolled the claim back with the dead session: no lease to
 //! wait out, behind the Redis gate too) and exactly once.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 
+use crate::support::{account, handler_calls, unique};
 use idem_test_support::{mysql_url, postgres_url, redis_url, server_missing};
-use support::{account, handler_calls, unique};
 
 const STARTING_BALANCE: i64 = 100_000;
 const PRICE: i64 = 2_500;

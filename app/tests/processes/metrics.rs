@@ -4,17 +4,17 @@
 //! deleted and, behind a Redis gate, the tiered store's counters. Nothing
 //! is installed by hand here: what is scraped is what the binary set up.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 
+use crate::support::{account, metric, samples, scrape, unique};
 use idem_test_support::{redis_url, server_missing};
 use idem_tower::SqliteStore;
 use idem_tower::core::conformance::{acquire, fp, fresh_key};
 use idem_tower::redis::redis;
 use idem_tower::sql::sqlx::{self, sqlite::SqliteConnectOptions, sqlite::SqlitePoolOptions};
 use serde_json::Value;
-use support::{account, metric, samples, scrape, unique};
 
 const STARTING_BALANCE: i64 = 100_000;
 const PRICE: i64 = 1_999;

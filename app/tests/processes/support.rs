@@ -1,11 +1,8 @@
 //! The `orders` binary of this crate, started for a test (the rest of what
 //! the process tests use is the test-support crate's).
 
-// Each test binary that includes this module uses a part of it.
-#![allow(dead_code, unused_imports)]
-
 pub(crate) use idem_test_support::orders::{
-    Orders, Spawned, account, client, handler_calls, order, scrape,
+    Orders, Spawned, account, handler_calls, order, scrape,
 };
 pub(crate) use idem_test_support::prometheus::{metric, samples};
 pub(crate) use idem_test_support::unique;

@@ -24,13 +24,14 @@
 //! the SQL URLs of the other suites; a missing server skips the test, or
 //! fails it with `CI=true`.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::support::{Spawned, handler_calls, metric, scrape, unique};
 use async_nats::jetstream;
 use futures_util::StreamExt;
 use idem_app::consumer::{Ledger, Reward, points};
@@ -39,7 +40,6 @@ use idem_app::sql_pool::SqlPool;
 use idem_test_support::{mysql_url, postgres_url, server_missing, server_url};
 use idem_tower::sql::sqlx::{self, AssertSqlSafe};
 use serde_json::Value;
-use support::{Spawned, handler_calls, metric, scrape, unique};
 
 /// What a relay logs when JetStream answers a publish as a duplicate (the
 /// same `Nats-Msg-Id` inside the stream's window): `RUST_LOG` below turns
