@@ -1,7 +1,7 @@
 //! Phases on the memory points (`idem-core/src/phases/`): what runs again
 //! and what resumes, counted. The SQL stores, whose phases commit their
 //! writes with their points, are checked on real servers in
-//! `idem-sql/tests/phases.rs`.
+//! `idem-sql/tests/stores/phases.rs`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
