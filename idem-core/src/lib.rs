@@ -49,6 +49,7 @@
 mod error;
 mod fingerprint;
 mod key;
+mod phases;
 mod record;
 mod response;
 mod store;
@@ -71,6 +72,10 @@ pub use key::{
 };
 #[cfg(feature = "memory")]
 pub use memory::{DEFAULT_MAX_BYTES, MemoryStore};
+#[cfg(feature = "memory")]
+#[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
+pub use phases::MemoryPoints;
+pub use phases::{MAX_PHASE_NAME_LEN, Phases, Recorded, RecoveryPoint, RecoveryPoints};
 pub use record::{Claim, DecodeError, Duplicate, Outcome, OwnerToken, Record};
 pub use response::StoredResponse;
 pub use store::{

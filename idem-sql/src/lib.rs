@@ -30,6 +30,10 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Each store also keeps the recovery points of phased handlers
+//! ([`idem_core::Phases`]), beside its records: a phase's writes and its
+//! point commit in one transaction on your pool ([`PhaseTx`]).
+//!
 //! The feature `test-util` adds the `conformance` module: the cases only a SQL
 //! store can show (its table, transactional mode), run with idem-core's
 //! store suite.
@@ -61,6 +65,7 @@ mod identifier;
 mod mysql;
 mod open;
 mod plain;
+mod points;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod purge;
@@ -97,6 +102,8 @@ pub mod __guards {
 #[doc(hidden)]
 pub use idem_core as __core;
 use open::OpenClaims;
+pub use points::PhaseTx;
+use points::PointQueries;
 pub use purge::{PurgeOptions, PurgeTask};
 use relay::Relay;
 pub use slot::{TxGuard, TxSlot};
@@ -167,6 +174,7 @@ struct Inner<DB: Dialect> {
     pool: sqlx::Pool<DB>,
     table: String,
     queries: Queries,
+    points: PointQueries,
     lock_timeout: Duration,
     open: Arc<OpenClaims>,
     writer: WriterTurns,
@@ -246,6 +254,7 @@ impl<DB: Dialect> SqlStore<DB> {
         Self {
             inner: Arc::new(Inner {
                 queries: DB::queries(&table),
+                points: PointQueries::new::<DB>(&table),
                 pool,
                 table,
                 lock_timeout,
@@ -267,10 +276,11 @@ impl<DB: Dialect> SqlStore<DB> {
         &self.inner.table
     }
 
-    /// Creates the records table and its index if missing, recording what
-    /// it applied in its own version table (`{table}_schema`, never sqlx's
-    /// `_sqlx_migrations`). Safe to run at every start, from several
-    /// processes at once.
+    /// Creates the records table and its index if missing, and beside it
+    /// the recovery points of phased handlers (`{table}_points`, see
+    /// [`PhaseTx`]), recording what it applied in its own version table
+    /// (`{table}_schema`, never sqlx's `_sqlx_migrations`). Safe to run at
+    /// every start, from several processes at once.
     pub async fn migrate(&self) -> Result<(), Error> {
         DB::migrate(&self.inner.pool, &self.inner.table)
             .await

@@ -9,6 +9,7 @@ use std::time::Duration;
 use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, Connection, MySql};
 
+use super::dialect::bound_point_statements;
 use super::dialect::{
     ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, bind_all, has_code, record_row,
     run_migrations, sealed, shared_statements,
@@ -17,10 +18,16 @@ use idem_core::OwnerToken;
 
 mod script;
 
-const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    include_str!("../migrations/mysql/0001_create_records.sql"),
-)];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        include_str!("../migrations/mysql/0001_create_records.sql"),
+    ),
+    (
+        2,
+        include_str!("../migrations/mysql/0002_create_recovery_points.sql"),
+    ),
+];
 
 impl sealed::Sealed for MySql {}
 
@@ -212,6 +219,17 @@ impl Dialect for MySql {
     }
 
     shared_statements!(MySqlConnection, own purge);
+
+    fn purge_points(points: &str) -> String {
+        // Few rows and rarely contended, unlike the records: the expiry
+        // index bounds what the delete locks.
+        format!(
+            "DELETE FROM {points} WHERE expires_at < {} ORDER BY expires_at LIMIT ?",
+            Self::NOW
+        )
+    }
+
+    bound_point_statements!(MySqlConnection);
 
     async fn purge(
         conn: &mut MySqlConnection,

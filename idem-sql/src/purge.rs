@@ -35,6 +35,8 @@ use idem_core::Error;
 
 /// The counter of deleted expired records (docs/metrics.md).
 const PURGED: &str = "idem_records_purged_total";
+/// The counter of deleted expired recovery points (docs/metrics.md).
+const POINTS_PURGED: &str = "idem_recovery_points_purged_total";
 
 /// How often, and in what batches, [`SqlStore::purge_in_background`]
 /// deletes expired records.
@@ -176,9 +178,10 @@ enum PassEnd {
 }
 
 impl<DB: Dialect> SqlStore<DB> {
-    /// Deletes expired records, `batch` rows per statement (at most
+    /// Deletes expired records and expired recovery points (of phased
+    /// handlers, `idem_core::Phases`), `batch` rows per statement (at most
     /// [`PurgeOptions::MAX_BATCH`]), until a statement deletes fewer;
-    /// returns how many it deleted, also counted in
+    /// returns how many records it deleted, also counted in
     /// `idem_records_purged_total`. Short statements keep locks short, and
     /// several purges may run at once (see [`SqlStore::purge_in_background`],
     /// which runs this every period for you).
@@ -196,12 +199,12 @@ impl<DB: Dialect> SqlStore<DB> {
         let mut total = 0;
         loop {
             let (mut conn, _turn) = self.purge_slot(turn_timeout).await?;
-            let deleted = self
+            let (deleted, full) = self
                 .purge_batch(&mut conn, batch)
                 .await
                 .map_err(unavailable)?;
             total += deleted;
-            if deleted < u64::from(batch) {
+            if !full {
                 return Ok(total);
             }
         }
@@ -307,10 +310,10 @@ impl<DB: Dialect> SqlStore<DB> {
                 }
             };
             match self.purge_batch(&mut conn, batch).await {
-                Ok(deleted) => {
+                Ok((deleted, full)) => {
                     purged.fetch_add(deleted, Ordering::Relaxed);
                     pass += deleted;
-                    if deleted < u64::from(batch) {
+                    if !full {
                         if pass > 0 {
                             tracing::debug!(%table, rows = pass, "purged expired idempotency records");
                         }
@@ -346,11 +349,20 @@ impl<DB: Dialect> SqlStore<DB> {
         Ok((conn, turn))
     }
 
-    /// One batch: deletes up to `batch` expired rows and counts them.
-    async fn purge_batch(&self, conn: &mut DB::Connection, batch: u32) -> Result<u64, sqlx::Error> {
+    /// One batch: deletes up to `batch` expired records, then up to `batch`
+    /// expired recovery points (`points.rs`), and counts them: the
+    /// records deleted, and whether either filled its batch (then the pass
+    /// goes on).
+    async fn purge_batch(
+        &self,
+        conn: &mut DB::Connection,
+        batch: u32,
+    ) -> Result<(u64, bool), sqlx::Error> {
         let deleted = DB::purge(conn, &self.inner.queries, self.table(), i64::from(batch)).await?;
         metrics::counter!(PURGED).increment(deleted);
-        Ok(deleted)
+        let points = self.purge_points(conn, i64::from(batch)).await?;
+        metrics::counter!(POINTS_PURGED).increment(points);
+        Ok((deleted, deleted.max(points) >= u64::from(batch)))
     }
 }
 

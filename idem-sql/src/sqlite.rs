@@ -17,6 +17,7 @@ use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqliteRow};
 use sqlx::{AssertSqlSafe, Either, Sqlite};
 
 use super::batch::{Write, Written};
+use super::dialect::bound_point_statements;
 use super::dialect::{
     ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, Started, bind_all, has_code, record_row,
     run_migrations, sealed, shared_statements,
@@ -27,10 +28,16 @@ use idem_core::{Error, OwnerToken};
 mod many;
 mod script;
 
-const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    include_str!("../migrations/sqlite/0001_create_records.sql"),
-)];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        include_str!("../migrations/sqlite/0001_create_records.sql"),
+    ),
+    (
+        2,
+        include_str!("../migrations/sqlite/0002_create_recovery_points.sql"),
+    ),
+];
 
 impl sealed::Sealed for Sqlite {}
 
@@ -149,6 +156,16 @@ impl Dialect for Sqlite {
         Ok(ClaimStep::found(Self::read(conn, q, args.key_hash).await?))
     }
     shared_statements!(SqliteConnection);
+
+    fn purge_points(points: &str) -> String {
+        format!(
+            "DELETE FROM {points} WHERE (operation, phase) IN ( \
+               SELECT operation, phase FROM {points} WHERE expires_at < {} LIMIT ?1)",
+            Self::NOW
+        )
+    }
+
+    bound_point_statements!(SqliteConnection);
 
     /// Every completion in one statement, then every claim in another
     /// (`sqlite/many.rs`), the rest one at a time: a claim the statement

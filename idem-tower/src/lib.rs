@@ -248,7 +248,7 @@ pub use resolver::Resolver;
 pub use tx::{Tx, TxRejection};
 
 #[cfg(feature = "memory")]
-pub use idem_core::MemoryStore;
+pub use idem_core::{MemoryPoints, MemoryStore};
 #[cfg(feature = "mysql")]
 pub use idem_sql::MySqlStore;
 #[cfg(feature = "postgres")]
@@ -266,7 +266,7 @@ pub use idem_sql::SqliteStore;
 )]
 pub use idem_sql as sql;
 
-pub use idem_core::{Error, ErrorKind, FingerprintSpec, KeyTemplate};
+pub use idem_core::{Error, ErrorKind, FingerprintSpec, KeyTemplate, Phases, RecoveryPoints};
 /// The business-side guards' crate (feature `guards`): state machine,
 /// counters, one-time tokens, inbox, outbox and relay, lock.
 #[cfg(feature = "guards")]

@@ -11,7 +11,11 @@
 //! ```
 //!
 //! The handler calls a provider out first, under a key derived from the
-//! operation (`stores::charge`), then makes its own effect.
+//! operation (`stores::charge`), then makes its own effect. A phased
+//! handler (`IdemModel::phases`) first creates the order in a local phase,
+//! its recovery point committed with it, then calls out as a phase whose
+//! point is recorded after the call, then makes its effect; each phase is
+//! skipped when its point is there.
 //!
 //! and the faults that cut into it: a Redis command failing, a handler
 //! failing, a crash.
@@ -20,7 +24,7 @@ use crate::bugs::Bug;
 use crate::config::{IdemModel, Mode};
 use crate::properties;
 use crate::state::{
-    Attempt, Duplicate, Gate, GateWrite, Record, Reply, Response, State, Step, Then, bit,
+    Attempt, Duplicate, Gate, GateWrite, Phase, Record, Reply, Response, State, Step, Then, bit,
 };
 use crate::stores;
 
@@ -94,13 +98,58 @@ impl IdemModel {
                 };
                 next
             }
+            Step::Handler if self.phases => {
+                // The first phase's point, read before it runs: there, the
+                // phase is skipped and its output taken.
+                if state.keys[k].points & Phase::Order.bit(fingerprint) != 0 {
+                    state.ghost.resumed = true;
+                    Step::Charge
+                } else {
+                    Step::OrderCommit
+                }
+            }
             Step::Handler => {
                 // The handler's call out first (a charge at a provider that
                 // deduplicates by key), then its own effect.
                 stores::charge(state, k, token, bug);
-                if self.mode == Mode::Plain {
-                    state.ghost.effects[k] += 1;
+                self.effect(state, k);
+                Step::Complete
+            }
+            Step::OrderCommit => {
+                let point = Phase::Order.bit(fingerprint);
+                let key = &mut state.keys[k];
+                if bug == Bug::PointAfterPhaseCommit {
+                    state.ghost.orders[k][usize::from(fingerprint)] += 1;
+                    Step::OrderPoint
+                } else if key.points & point != 0 {
+                    // Another run committed the phase since this one read:
+                    // the unique key refuses this point, the transaction
+                    // rolls back, and the other run's output is taken.
+                    state.ghost.resumed = true;
+                    Step::Charge
+                } else {
+                    key.points |= point;
+                    state.ghost.orders[k][usize::from(fingerprint)] += 1;
+                    Step::Charge
                 }
+            }
+            Step::OrderPoint => {
+                state.keys[k].points |= Phase::Order.bit(fingerprint);
+                Step::Charge
+            }
+            Step::Charge => {
+                if state.keys[k].points & Phase::Charge.bit(fingerprint) != 0 {
+                    state.ghost.resumed = true;
+                    self.effect(state, k);
+                    Step::Complete
+                } else {
+                    stores::charge(state, k, token, bug);
+                    Step::ChargePoint
+                }
+            }
+            Step::ChargePoint => {
+                state.keys[k].points |= Phase::Charge.bit(fingerprint);
+                self.effect(state, k);
                 Step::Complete
             }
             Step::Complete => match self.mode {
@@ -164,6 +213,14 @@ impl IdemModel {
             step: next,
             ..attempt
         });
+    }
+
+    /// The handler's own effect on key `k`: written at once in plain mode;
+    /// in transactional mode made durable by the commit.
+    fn effect(&self, state: &mut State, k: usize) {
+        if self.mode == Mode::Plain {
+            state.ghost.effects[k] += 1;
+        }
     }
 
     /// The SQL claim: plain (an upsert fenced by the lease), or in a new
@@ -368,7 +425,7 @@ impl IdemModel {
                 .is_some_and(|row| row.owner() == Some(attempt.token) && !row.live(next));
             if held {
                 let keys = overrun.get_or_insert(0);
-                if matches!(attempt.step, Step::Handler | Step::Complete) {
+                if attempt.step.in_handler() || attempt.step == Step::Complete {
                     *keys |= 1 << k;
                 }
             }

@@ -42,17 +42,24 @@ pub enum Bug {
     /// commit, or after a plain claim abandoned past its effect, calls the
     /// provider under a key it has not seen, and it charges again.
     ChildKeyPerRun,
+    /// A phased handler's local phase commits its writes, then records its
+    /// recovery point in a transaction of its own (instead of in the
+    /// phase's, under the points' unique key): a run cut between the two,
+    /// or a concurrent run that read no point yet, makes the phase's
+    /// writes again, and the order is created twice.
+    PointAfterPhaseCommit,
 }
 
 impl Bug {
     /// Every seeded bug, [`Bug::None`] excepted.
-    pub const SEEDED: [Self; 6] = [
+    pub const SEEDED: [Self; 7] = [
         Self::CompleteWithoutOwnerCheck,
         Self::TakeoverIgnoresLease,
         Self::GateTrustedWithoutSqlOnTxClaim,
         Self::ReleaseAfterCommit,
         Self::GateTrustsMismatch,
         Self::ChildKeyPerRun,
+        Self::PointAfterPhaseCommit,
     ];
 
     /// The property this bug breaks, or `None` for [`Bug::None`].
@@ -66,6 +73,7 @@ impl Bug {
             Self::GateTrustedWithoutSqlOnTxClaim => Some(properties::NO_KEY_HELD_BY_THE_DEAD),
             Self::GateTrustsMismatch => Some(properties::COMMITTED_NEVER_REFUSED),
             Self::ChildKeyPerRun => Some(properties::AT_MOST_ONE_CHARGE),
+            Self::PointAfterPhaseCommit => Some(properties::PHASE_WRITES_ONCE),
         }
     }
 }

@@ -3,7 +3,7 @@
 //! of each, and the seeded bug, if any.
 
 use crate::bugs::Bug;
-use crate::state::{MAX_CLIENTS, MAX_KEYS, MAX_TOKENS, MAX_TRIES};
+use crate::state::{MAX_CLIENTS, MAX_FINGERPRINTS, MAX_KEYS, MAX_TOKENS, MAX_TRIES};
 
 /// How the route claims its key (ARCHITECTURE.md, "The three layers").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -75,6 +75,10 @@ pub struct IdemModel {
     pub horizon: u8,
     /// The faults the environment may inject.
     pub faults: Faults,
+    /// Whether the handler is made of phases (`idem_core::Phases`): the
+    /// order created in a local transaction with its recovery point, then
+    /// the charge, its point recorded after it, then the handler's effect.
+    pub phases: bool,
 }
 
 impl IdemModel {
@@ -109,7 +113,15 @@ impl IdemModel {
                 handler_failures: 1,
                 stalls: 0,
             },
+            phases: false,
         }
+    }
+
+    /// This model with a phased handler ([`IdemModel::phases`]).
+    #[must_use]
+    pub fn with_phases(mut self) -> Self {
+        self.phases = true;
+        self
     }
 
     /// This model with `bug` seeded.
@@ -158,5 +170,13 @@ impl IdemModel {
             "at most {MAX_TOKENS} attempts in all"
         );
         assert!(self.lease >= 1, "a lease of at least one tick");
+        assert!(
+            !self.phases
+                || self
+                    .clients
+                    .iter()
+                    .all(|c| usize::from(c.fingerprint) < MAX_FINGERPRINTS),
+            "a phased model's fingerprints are below {MAX_FINGERPRINTS}"
+        );
     }
 }

@@ -32,7 +32,12 @@
 //!   calls a provider out (a charge), under the key derived from the
 //!   operation; the provider deduplicates by key, as Stripe does. A failing
 //!   handler releases (plain) or rolls back (transactional), then frees the
-//!   gate.
+//!   gate. A phased handler ([`IdemModel::with_phases`]) first creates an
+//!   order in a local phase (its recovery point committed with it, in a
+//!   transaction of its own, refused by the points' unique key if another
+//!   run's is there), then charges in a call-out phase whose point is
+//!   recorded after the call; each phase is skipped when its point is
+//!   there, and the points outlive a released record.
 //! - **Both modes** ([`Mode`]). Plain: an in-flight row with an owner and a
 //!   lease, renewed while the handler runs, the effect written outside the
 //!   record, then the record completed. Transactional, in PostgreSQL's form:
@@ -102,6 +107,7 @@
 //! | "The three layers", liveness: a transactional claim lives as long as its transaction, a plain one by its lease; a crashed request's key frees with its session, behind the gate too | 4, [`NO_KEY_HELD_BY_THE_DEAD`]; reached: [`TAKEOVER_AFTER_CRASH`] | [`Bug::GateTrustedWithoutSqlOnTxClaim`] |
 //! | "The three layers": SQL is the truth, the gate answers only what it can know (a replay of a completed record, a claim in flight) | 5, [`COMMITTED_NEVER_REFUSED`] | [`Bug::GateTrustsMismatch`] (found in the real code by this model, fixed in `idem-redis/src/tiered/mod.rs`) |
 //! | "Calls out of a handler": every run of an operation calls out under the key derived from it, which a deduplicating provider replays | 6, [`AT_MOST_ONE_CHARGE`] (no plain-mode exception) | [`Bug::ChildKeyPerRun`] |
+//! | "Recovery points": a local phase's writes and its point commit together under the points' unique key; a run resumes after the phases another run finished | 7, [`PHASE_WRITES_ONCE`] (with [`IdemModel::with_phases`]); 6 with the charge a phase; reached: [`RESUMED`] | [`Bug::PointAfterPhaseCommit`] |
 //! | docs/leases-and-crashes.md, "Without transactional mode, know the limit" | property 1's one exception; reached: [`PLAIN_EFFECT_MADE_AGAIN`] | |
 //! | "The five rounds" | reached: [`REPLAYED`] (1); concurrent copies and retries (2); a failing or crashed first attempt, then a retry (3); Redis failing and losing keys (4); two instances (5) | |
 //!
@@ -127,7 +133,7 @@ pub use config::{ClientSpec, Faults, IdemModel, Mode};
 pub use model::Action;
 pub use properties::{
     ACKNOWLEDGED_EFFECT_EXISTS, AT_MOST_ONE_CHARGE, AT_MOST_ONE_EFFECT, COMMITTED_NEVER_REFUSED,
-    NO_KEY_HELD_BY_THE_DEAD, PLAIN_EFFECT_MADE_AGAIN, REPLAY_IS_COMMITTED_RESPONSE, REPLAYED,
-    SQL_CATCHES_LOST_KEY, TAKEOVER_AFTER_CRASH,
+    NO_KEY_HELD_BY_THE_DEAD, PHASE_WRITES_ONCE, PLAIN_EFFECT_MADE_AGAIN,
+    REPLAY_IS_COMMITTED_RESPONSE, REPLAYED, RESUMED, SQL_CATCHES_LOST_KEY, TAKEOVER_AFTER_CRASH,
 };
 pub use state::State;

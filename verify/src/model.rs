@@ -86,8 +86,11 @@ impl Model for IdemModel {
                     _ => {}
                 }
             }
-            if attempt.step == Step::Handler {
-                if used.handler_failures < faults.handler_failures {
+            if attempt.step.in_handler() {
+                // A handler fails before a phase's commit or in its call
+                // out: nothing of that phase is kept.
+                let may_fail = matches!(attempt.step, Step::Handler | Step::Charge);
+                if may_fail && used.handler_failures < faults.handler_failures {
                     actions.push(Action::HandlerFails(instance));
                 }
                 if self.renewable(state, *attempt) {

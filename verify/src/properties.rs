@@ -1,4 +1,5 @@
-//! What the checker holds the model to: six `always` properties, the
+//! What the checker holds the model to: six `always` properties (seven
+//! with a phased handler), the
 //! invariants of ARCHITECTURE.md ("Records", "The three layers"), and the
 //! `sometimes` properties that show the paths worth checking are reached,
 //! so that a model that cannot get there fails instead of passing vacuously.
@@ -40,6 +41,12 @@ pub const COMMITTED_NEVER_REFUSED: &str =
 /// run of an operation calls it under the key derived from the operation,
 /// and the provider replays a key it has seen (docs/outbound.md).
 pub const AT_MOST_ONE_CHARGE: &str = "at most one charge per key at the provider called out to";
+/// Property 7 (a phased handler): a local phase's writes commit at most
+/// once per request (key and fingerprint), in both modes, without property
+/// 1's plain-mode exception: its recovery point commits with them, under
+/// the points' unique key, and a run that finds the point goes on from
+/// its output (docs/outbound.md, "Phases").
+pub const PHASE_WRITES_ONCE: &str = "a local phase's writes commit at most once per request";
 
 /// Reached: a duplicate is replayed the stored response.
 pub const REPLAYED: &str = "a duplicate is replayed";
@@ -49,6 +56,9 @@ pub const TAKEOVER_AFTER_CRASH: &str = "a crashed owner's key is taken over";
 /// Reached: Redis lost a key, and SQL caught the duplicate the gate let
 /// through (*fallback caught*).
 pub const SQL_CATCHES_LOST_KEY: &str = "SQL catches a duplicate of a key Redis lost";
+/// Reached (a phased handler): a run goes on past a phase an earlier or
+/// concurrent run finished, from its recovery point.
+pub const RESUMED: &str = "a phased run resumes after a phase another run finished";
 /// Reached (plain mode): a claim abandoned past its effect is taken over and
 /// the effect made again: the exception to property 1 is not vacuous.
 pub const PLAIN_EFFECT_MADE_AGAIN: &str = "plain mode: an abandoned claim's effect is made again (docs/leases-and-crashes.md: know the limit)";
@@ -76,6 +86,12 @@ pub(crate) fn of(model: &IdemModel) -> Vec<Property<IdemModel>> {
                 PLAIN_EFFECT_MADE_AGAIN,
                 effect_made_again,
             ));
+        }
+    }
+    if model.phases {
+        properties.push(Property::always(PHASE_WRITES_ONCE, phase_writes_once));
+        if model.faults.crashes > 0 || model.faults.handler_failures > 0 {
+            properties.push(Property::sometimes(RESUMED, resumed));
         }
     }
     if model.faults.redis_losses > 0 {
@@ -174,6 +190,19 @@ pub(crate) fn held_by_the_living(model: &IdemModel, state: &State, k: usize) -> 
                     .is_some_and(|owner| state.running(owner))
         }
     }
+}
+
+fn phase_writes_once(_: &IdemModel, state: &State) -> bool {
+    state
+        .ghost
+        .orders
+        .iter()
+        .flatten()
+        .all(|&orders| orders <= 1)
+}
+
+fn resumed(_: &IdemModel, state: &State) -> bool {
+    state.ghost.resumed
 }
 
 fn at_most_one_charge(_: &IdemModel, state: &State) -> bool {

@@ -18,6 +18,9 @@ pub(crate) const MAX_CLIENTS: usize = 3;
 pub(crate) const MAX_TRIES: usize = 3;
 /// Owner tokens one run may generate: bits of a `u16`.
 pub(crate) const MAX_TOKENS: usize = 16;
+/// Fingerprints a phased model's requests may have: a key's recovery
+/// points are bits of a `u8`, two phases per fingerprint.
+pub(crate) const MAX_FINGERPRINTS: usize = 4;
 
 /// An owner token: the number of the attempt that generated it, so that no
 /// two attempts ever share one (`OwnerToken::generate`).
@@ -99,6 +102,28 @@ pub(crate) struct KeyState {
     /// The open transaction holding the key (transactional mode): on
     /// PostgreSQL the key's advisory lock, held until the transaction ends.
     pub(crate) tx: Option<Token>,
+    /// The recovery points of the key's requests (a phased handler): one
+    /// bit per request's fingerprint and phase ([`Phase::bit`]), under the
+    /// points table's unique key, outside the record: a release leaves
+    /// them.
+    pub(crate) points: u8,
+}
+
+/// A phase of a phased handler (`idem_core::Phases`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Phase {
+    /// A local transaction: the order created, its point committed with it.
+    Order,
+    /// The call out (the charge), its point recorded after it returns.
+    Charge,
+}
+
+impl Phase {
+    /// The bit of this phase of the request with `fingerprint` among a
+    /// key's points.
+    pub(crate) fn bit(self, fingerprint: u8) -> u8 {
+        1 << (fingerprint * 2 + self as u8)
+    }
 }
 
 /// What a claim that did not acquire its key answers.
@@ -126,6 +151,17 @@ pub(crate) enum Reply {
     /// The attempt failed: the handler's 5xx, or a commit the unique index
     /// refused; the client may retry.
     Failed,
+}
+
+impl Step {
+    /// Whether the attempt is in its handler (or a phase of it): a failure
+    /// may cut it there, and its lease is renewed.
+    pub(crate) fn in_handler(self) -> bool {
+        matches!(
+            self,
+            Self::Handler | Self::OrderCommit | Self::OrderPoint | Self::Charge | Self::ChargePoint
+        )
+    }
 }
 
 impl Reply {
@@ -205,8 +241,22 @@ pub(crate) enum Step {
     /// A write to the gate, then what follows it.
     GateWrite(GateWrite, Then),
     /// The handler: its effect, written at once (plain) or in the
-    /// transaction (transactional).
+    /// transaction (transactional). A phased handler reads its first
+    /// phase's point here, and goes on past it if it is there.
     Handler,
+    /// A phased handler's first phase commits: the order and its point in
+    /// one transaction, rolled back if the point's unique key finds
+    /// another run's.
+    OrderCommit,
+    /// The first phase's point recorded in a transaction of its own, after
+    /// the order's commit ([`Bug::PointAfterPhaseCommit`](crate::Bug::PointAfterPhaseCommit) only).
+    OrderPoint,
+    /// A phased handler's call out: skipped if its point is there, else the
+    /// charge under the derived key.
+    Charge,
+    /// The charge's point recorded, after the call returned; then the
+    /// handler's own effect.
+    ChargePoint,
     /// The SQL `complete` (plain) or the commit with the completed record
     /// (transactional).
     Complete,
@@ -311,6 +361,11 @@ pub(crate) struct Ghost {
     pub(crate) abandoned: u8,
     /// The keys (bit per key) Redis lost at least once.
     pub(crate) lost: u8,
+    /// Orders the phased handlers committed, per key and request
+    /// fingerprint.
+    pub(crate) orders: [[u8; MAX_FINGERPRINTS]; MAX_KEYS],
+    /// A phased handler went on past a phase another run had finished.
+    pub(crate) resumed: bool,
     /// An attempt was answered "in flight" while nothing live held the key.
     pub(crate) stuck: bool,
     /// A request was answered 422 although SQL had committed a response for

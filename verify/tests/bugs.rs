@@ -7,8 +7,15 @@ use idem_verify::{Bug, IdemModel, Mode, Trace, hunt};
 /// The shortest counterexample `bug` has in `mode` to the property it
 /// breaks.
 fn caught(mode: Mode, bug: Bug) -> Trace {
+    caught_in(IdemModel::new(mode), bug)
+}
+
+/// The shortest counterexample `bug` has in `model` to the property it
+/// breaks.
+fn caught_in(model: IdemModel, bug: Bug) -> Trace {
+    let mode = model.mode;
     let property = bug.breaks().expect("a seeded bug breaks a property");
-    let verdict = hunt(IdemModel::new(mode).with_bug(bug), property);
+    let verdict = hunt(model.with_bug(bug), property);
     let Some(trace) = verdict.counterexamples.get(property) else {
         panic!("{bug:?} in {mode:?} mode: no counterexample to \"{property}\"; {verdict}");
     };
@@ -84,4 +91,20 @@ fn trusting_the_gates_mismatch_refuses_a_committed_request() {
 fn a_call_out_keyed_per_run_charges_twice() {
     caught(Mode::Plain, Bug::ChildKeyPerRun);
     caught(Mode::Transactional, Bug::ChildKeyPerRun);
+}
+
+/// A phase's point recorded after its writes commit, in a transaction of
+/// its own: a run cut between the two leaves the order without its point,
+/// and the retry creates it again. With the point in the phase's
+/// transaction the retry finds it and resumes, in both modes.
+#[test]
+fn a_point_recorded_after_its_phase_commits_makes_the_order_twice() {
+    caught_in(
+        IdemModel::new(Mode::Plain).with_phases(),
+        Bug::PointAfterPhaseCommit,
+    );
+    caught_in(
+        IdemModel::new(Mode::Transactional).with_phases(),
+        Bug::PointAfterPhaseCommit,
+    );
 }

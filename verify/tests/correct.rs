@@ -68,3 +68,13 @@ fn keys_stay_apart() {
         );
     }
 }
+
+/// A phased handler: the order's writes once per request, one charge, and
+/// every other property, through crashes and failures between phases; and
+/// runs do resume.
+#[test]
+fn phased_handlers_keep_every_property() {
+    for mode in [Mode::Plain, Mode::Transactional] {
+        keeps_every_property(IdemModel::new(mode).with_phases());
+    }
+}

@@ -6,7 +6,7 @@
 //! attempt (docs/outbound.md).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::extract::{Request, State};
@@ -45,6 +45,7 @@ struct Inner {
     charges_url: String,
     provider: IdempotencyClient<Client<HttpConnector, Full<Bytes>>>,
     fail_before_commit: AtomicUsize,
+    fail_after_phase: AtomicU8,
     pause: Option<(Pause, Duration)>,
 }
 
@@ -57,6 +58,7 @@ impl Shop {
             charges_url: format!("{provider}/v1/charges"),
             provider: IdempotencyClientLayer::new(policy).layer(http),
             fail_before_commit: AtomicUsize::new(0),
+            fail_after_phase: AtomicU8::new(0),
             pause: None,
         }))
     }
@@ -81,7 +83,7 @@ impl Shop {
     }
 
     /// Says where the payment is and waits, if the shop pauses at `here`.
-    async fn at(&self, here: Pause, what: &str) {
+    pub(super) async fn at(&self, here: Pause, what: &str) {
         if let Some((at, pause)) = self.0.pause
             && at == here
         {
@@ -99,7 +101,11 @@ impl Shop {
     /// Charges the provider for `payment`, under the key of this operation's
     /// charge: the charge's id, or 502 (not final, so the key is released
     /// and the client's retry runs the payment again, with the same key).
-    async fn charge(&self, operation: &Operation, payment: &Payment) -> Result<String, StatusCode> {
+    pub(super) async fn charge(
+        &self,
+        operation: &Operation,
+        payment: &Payment,
+    ) -> Result<String, StatusCode> {
         let body = serde_json::to_vec(&ChargeRequest {
             amount_cents: payment.amount_cents,
             reference: payment.reference.clone(),
@@ -136,8 +142,27 @@ impl Shop {
             .ok_or(StatusCode::BAD_GATEWAY)
     }
 
+    /// The next payment of the phased shop ([`super::phased`]) fails after
+    /// its phase `phase` (1, 2 or 3) has committed: 503, the key released.
+    pub fn fail_after_phase(&self, phase: u8) {
+        self.0.fail_after_phase.store(phase, Ordering::SeqCst);
+    }
+
+    /// 503 if the payment should fail now that `phase` is done.
+    pub(super) fn after_phase(&self, phase: u8) -> Result<(), StatusCode> {
+        let fail = self
+            .0
+            .fail_after_phase
+            .compare_exchange(phase, 0, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok();
+        if fail {
+            return Err(StatusCode::SERVICE_UNAVAILABLE);
+        }
+        Ok(())
+    }
+
     /// What runs between the order's insert and the commit.
-    async fn before_commit(&self, payment: &Payment) -> Result<(), StatusCode> {
+    pub(super) async fn before_commit(&self, payment: &Payment) -> Result<(), StatusCode> {
         self.at(Pause::BeforeCommit, &payment.reference).await;
         let fail = self
             .0
@@ -177,7 +202,7 @@ impl Pause {
 
 /// Outside the idem layer: the payment's answer, committed, paused on its
 /// way out if the shop pauses after the commit.
-async fn answering(State(shop): State<Shop>, request: Request, next: Next) -> Response {
+pub(super) async fn answering(State(shop): State<Shop>, request: Request, next: Next) -> Response {
     let key = request
         .headers()
         .get("idempotency-key")
@@ -194,7 +219,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 type Answer = Result<(StatusCode, Json<Value>), StatusCode>;
 
-fn paid(payment: &Payment, charge: &str) -> (StatusCode, Json<Value>) {
+pub(super) fn paid(payment: &Payment, charge: &str) -> (StatusCode, Json<Value>) {
     (
         StatusCode::CREATED,
         Json(json!({ "reference": payment.reference, "charge": charge })),
@@ -243,7 +268,10 @@ async fn pay_sqlite(
 
 /// The handle: the same secret on every instance of the shop, so every run
 /// of a payment derives the same charge key.
-fn idempotency(store: impl idem_tower::core::IdempotencyStore, secret: &[u8]) -> Idempotency {
+pub(super) fn idempotency(
+    store: impl idem_tower::core::IdempotencyStore,
+    secret: &[u8],
+) -> Idempotency {
     Idempotency::builder(store)
         .outbound_key_secret(secret)
         .build()

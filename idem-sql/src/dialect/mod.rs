@@ -14,6 +14,7 @@ mod bind;
 mod record;
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use bind::{Value, bind_all};
@@ -299,7 +300,87 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
     /// another transaction holds the key.
     #[doc(hidden)]
     fn is_lock_timeout(err: &sqlx::Error) -> bool;
+
+    // ----- recovery points (`points.rs`) -----
+
+    /// The statement that deletes up to `$1` expired rows of the points
+    /// table `points`, skipping rows another transaction holds where the
+    /// database can.
+    #[doc(hidden)]
+    fn purge_points(points: &str) -> String;
+
+    /// Runs a points statement that reads one row: its output and the
+    /// milliseconds it has left.
+    #[doc(hidden)]
+    fn point_read(
+        conn: &mut Self::Connection,
+        sql: &Arc<str>,
+        args: &[Value<'_>],
+    ) -> impl Future<Output = Result<Option<(Vec<u8>, i64)>, sqlx::Error>> + Send;
+
+    /// Runs a points statement that writes; the rows it changed.
+    #[doc(hidden)]
+    fn point_execute(
+        conn: &mut Self::Connection,
+        sql: &Arc<str>,
+        args: &[Value<'_>],
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// Runs a points statement that counts.
+    #[doc(hidden)]
+    fn point_count(
+        conn: &mut Self::Connection,
+        sql: &Arc<str>,
+        args: &[Value<'_>],
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
 }
+
+/// The points statements of [`Dialect`], their values bound as parameters
+/// (MySQL/MariaDB and SQLite; PostgreSQL's go as simple queries, their
+/// values written into the text, which a pooler never splits).
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+macro_rules! bound_point_statements {
+    ($conn:ty) => {
+        async fn point_read(
+            conn: &mut $conn,
+            sql: &std::sync::Arc<str>,
+            args: &[$crate::dialect::Value<'_>],
+        ) -> Result<Option<(Vec<u8>, i64)>, sqlx::Error> {
+            let row =
+                $crate::dialect::bind_all(sqlx::query(sqlx::AssertSqlSafe(sql.clone())), args)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+            row.map(|row| Ok((sqlx::Row::try_get(&row, 0)?, sqlx::Row::try_get(&row, 1)?)))
+                .transpose()
+        }
+
+        async fn point_execute(
+            conn: &mut $conn,
+            sql: &std::sync::Arc<str>,
+            args: &[$crate::dialect::Value<'_>],
+        ) -> Result<u64, sqlx::Error> {
+            let done =
+                $crate::dialect::bind_all(sqlx::query(sqlx::AssertSqlSafe(sql.clone())), args)
+                    .execute(&mut *conn)
+                    .await?;
+            Ok(done.rows_affected())
+        }
+
+        async fn point_count(
+            conn: &mut $conn,
+            sql: &std::sync::Arc<str>,
+            args: &[$crate::dialect::Value<'_>],
+        ) -> Result<i64, sqlx::Error> {
+            let row =
+                $crate::dialect::bind_all(sqlx::query(sqlx::AssertSqlSafe(sql.clone())), args)
+                    .fetch_one(&mut *conn)
+                    .await?;
+            sqlx::Row::try_get(&row, 0)
+        }
+    };
+}
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) use bound_point_statements;
 
 pub(crate) mod sealed {
     #[allow(unreachable_pub)] // sealed: named only inside the crate

@@ -4,6 +4,7 @@
 //! advisory lock and inserts its completed row at commit; the clock is
 //! `now()`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::PgConnection;
@@ -22,10 +23,16 @@ use super::dialect::{
 use idem_core::OwnerToken;
 use session::Statement;
 
-const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    include_str!("../../migrations/postgres/0001_create_records.sql"),
-)];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        include_str!("../../migrations/postgres/0001_create_records.sql"),
+    ),
+    (
+        2,
+        include_str!("../../migrations/postgres/0002_create_recovery_points.sql"),
+    ),
+];
 
 impl sealed::Sealed for Postgres {}
 
@@ -354,6 +361,54 @@ impl Dialect for Postgres {
     fn is_lock_timeout(err: &sqlx::Error) -> bool {
         // lock_not_available, deadlock_detected
         has_code(err, &["55P03", "40P01"])
+    }
+
+    fn purge_points(points: &str) -> String {
+        format!(
+            "DELETE FROM {points} WHERE (operation, phase) IN ( \
+               SELECT operation, phase FROM {points} WHERE expires_at < {} \
+               LIMIT $1 FOR UPDATE SKIP LOCKED)",
+            Self::NOW
+        )
+    }
+
+    // The points' statements go as simple queries, their values written
+    // into the text: one message, answered by one server session, in a
+    // transaction (a phase's) or outside one (ARCHITECTURE.md, "Behind a
+    // pooler").
+
+    async fn point_read(
+        conn: &mut PgConnection,
+        sql: &Arc<str>,
+        args: &[Value<'_>],
+    ) -> Result<Option<(Vec<u8>, i64)>, sqlx::Error> {
+        let row = sqlx::raw_sql(AssertSqlSafe(inline(sql, args)?))
+            .fetch_optional(&mut *conn)
+            .await?;
+        row.map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .transpose()
+    }
+
+    async fn point_execute(
+        conn: &mut PgConnection,
+        sql: &Arc<str>,
+        args: &[Value<'_>],
+    ) -> Result<u64, sqlx::Error> {
+        let done = sqlx::raw_sql(AssertSqlSafe(inline(sql, args)?))
+            .execute(&mut *conn)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn point_count(
+        conn: &mut PgConnection,
+        sql: &Arc<str>,
+        args: &[Value<'_>],
+    ) -> Result<i64, sqlx::Error> {
+        let row = sqlx::raw_sql(AssertSqlSafe(inline(sql, args)?))
+            .fetch_one(&mut *conn)
+            .await?;
+        row.try_get(0)
     }
 }
 

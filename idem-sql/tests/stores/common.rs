@@ -191,6 +191,7 @@ pub(crate) async fn drop_table<DB: TestSql>(store: &SqlStore<DB>) {
     let table = store.table();
     DB::exec(store.pool(), format!("DROP TABLE {table}")).await;
     DB::exec(store.pool(), format!("DROP TABLE {table}_schema")).await;
+    DB::exec(store.pool(), format!("DROP TABLE IF EXISTS {table}_points")).await;
 }
 
 /// A claim whose lease is over before its own statements are (here its

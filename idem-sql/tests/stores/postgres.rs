@@ -131,7 +131,8 @@ async fn a_prepare_that_failed_partway_is_finished_later() {
     };
     tx.rollback().await.unwrap();
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP TABLE {table}; DROP TABLE IF EXISTS {table}_schema"
+        "DROP TABLE {table}; DROP TABLE IF EXISTS {table}_schema; \
+         DROP TABLE IF EXISTS {table}_points"
     )))
     .execute(store.pool())
     .await

@@ -112,6 +112,7 @@ async fn drop_table<DB: TestSql>(store: &SqlStore<DB>) {
     let table = store.table();
     DB::exec(store.pool(), format!("DROP TABLE {table}")).await;
     DB::exec(store.pool(), format!("DROP TABLE {table}_schema")).await;
+    DB::exec(store.pool(), format!("DROP TABLE IF EXISTS {table}_points")).await;
 }
 
 /// Writes `n` expired records: claims of a minute, then expired together

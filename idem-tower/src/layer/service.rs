@@ -156,7 +156,7 @@ where
         .config()
         .outbound
         .as_ref()
-        .map(|keys| keys.operation(&target.key));
+        .map(|keys| keys.operation(&target.key, &target.fingerprint, settings.ttl));
     attempt.set();
     let held = match claim::claim(&settings, target, &label, &attempt).await {
         Ok(held) => held,

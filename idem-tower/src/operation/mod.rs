@@ -1,13 +1,15 @@
-//! The handler's view of the operation it runs for: [`Operation`], and the
-//! keys its calls out carry ([`Operation::key_for`], an [`OperationKey`]).
+//! The handler's view of the operation it runs for: [`Operation`], the
+//! keys its calls out carry ([`Operation::key_for`], an [`OperationKey`]),
+//! and its phases' recovery points ([`Operation::phases`]).
 //! docs/outbound.md is the guide; ARCHITECTURE.md, "Calls out of a
 //! handler", the invariants.
 
 mod key;
 
 use std::fmt;
+use std::time::Duration;
 
-use idem_core::IdempotencyKey;
+use idem_core::{Fingerprint, IdempotencyKey, Phases, RecoveryPoints};
 
 pub use key::{KeyForm, OperationKey};
 
@@ -21,6 +23,7 @@ pub(crate) const MIN_SECRET: usize = 32;
 pub(crate) struct OutboundKeys {
     id: [u8; 32],
     child: [u8; 32],
+    phases: [u8; 32],
 }
 
 impl OutboundKeys {
@@ -30,15 +33,29 @@ impl OutboundKeys {
         Self {
             id: blake3::derive_key("idem 2026 operation identity", secret),
             child: blake3::derive_key("idem 2026 outbound idempotency key", secret),
+            phases: blake3::derive_key("idem 2026 phases of one request", secret),
         }
     }
 
     /// The operation the request claimed under `key` (the stored key:
-    /// namespace, scope, template's parts, tenant and user) runs for.
-    pub(crate) fn operation(&self, key: &IdempotencyKey) -> Operation {
+    /// namespace, scope, template's parts, tenant and user) runs for, on a
+    /// route that keeps its records for `ttl`; its phases are those of the
+    /// request with `fingerprint`.
+    pub(crate) fn operation(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        ttl: Duration,
+    ) -> Operation {
+        let id = *blake3::keyed_hash(&self.id, key.as_str().as_bytes()).as_bytes();
+        let mut phases = blake3::Hasher::new_keyed(&self.phases);
+        phases.update(&id);
+        phases.update(fingerprint.as_bytes());
         Operation {
-            id: *blake3::keyed_hash(&self.id, key.as_str().as_bytes()).as_bytes(),
+            id,
             child: self.child,
+            phases: *phases.finalize().as_bytes(),
+            ttl,
         }
     }
 }
@@ -67,12 +84,14 @@ impl fmt::Debug for OutboundKeys {
 /// same key, unless the route shares its records across callers
 /// ([`IdempotencyLayer::shared_across_callers`](crate::IdempotencyLayer::shared_across_callers)).
 ///
-/// Whether this run follows an earlier attempt cannot be told: a released
-/// attempt (a 5xx, a rollback) leaves no record behind, and a store answers
-/// a claim that took over an expired lease as it answers a fresh one. So
-/// a handler must treat every run as one that may follow an attempt that
-/// got as far as any of its calls out; a derived key makes those calls
-/// safe to make again (docs/outbound.md).
+/// Whether this run follows an earlier attempt is not known to the layer:
+/// a released attempt (a 5xx, a rollback) leaves no record behind, and a
+/// store answers a claim that took over an expired lease as it answers a
+/// fresh one. So a handler must treat every run as one that may follow an
+/// attempt that got as far as any of its calls out; a derived key makes
+/// those calls safe to make again (docs/outbound.md). A handler made of
+/// [`phases`](Self::phases) learns the part that is recorded: how many of
+/// its phases earlier runs finished ([`Phases::finished`]).
 ///
 /// ```
 /// # #[cfg(feature = "axum")] mod example {
@@ -91,6 +110,10 @@ impl fmt::Debug for OutboundKeys {
 pub struct Operation {
     id: [u8; 32],
     child: [u8; 32],
+    /// The identity its phases are recorded under: the operation's and
+    /// the request's fingerprint.
+    phases: [u8; 32],
+    ttl: Duration,
 }
 
 impl Operation {
@@ -127,6 +150,90 @@ impl Operation {
         hasher.update(label.as_bytes());
         let hex = hasher.finalize().to_hex();
         OperationKey(http::HeaderValue::from_str(&hex).expect("hex digits are a header value"))
+    }
+}
+
+impl Operation {
+    /// The operation's phases, their recovery points kept in `points` (a
+    /// SQL store: `&PgStore`, `&MySqlStore`, `&SqliteStore`; or
+    /// [`MemoryPoints`](crate::core::MemoryPoints) in tests) for the
+    /// route's ttl: a run after a crash, a failure or a released attempt
+    /// resumes after the last phase an earlier run finished, with its
+    /// output (docs/outbound.md, "Phases").
+    ///
+    /// The points are keyed by the operation's identity and the request's
+    /// fingerprint: the same on every retry of the request, and outside
+    /// the record, which a released attempt deletes. A key reused for
+    /// another request (another body) once the first's attempts were
+    /// released starts with no phase finished, instead of resuming the
+    /// first request's order and charge; its calls out still carry the
+    /// same derived keys, which a provider that compares requests refuses.
+    /// They are kept for the route's ttl from when each is recorded, so
+    /// they are gone before the operation's completed record is, and a
+    /// key used again after its record expired starts a new operation with
+    /// no points. Completion does not delete them; the store's purge
+    /// does, once expired.
+    ///
+    /// A payment in three phases: the order created pending, the provider
+    /// charged under the operation's derived key, the order marked paid.
+    /// On a route in plain mode (the layer without `.transactional()`):
+    /// each phase commits on its own.
+    ///
+    /// ```no_run
+    /// # #[cfg(all(feature = "axum", feature = "postgres"))] mod example {
+    /// use axum::{Json, extract::State, http::StatusCode};
+    /// use idem_tower::sql::sqlx;
+    /// use idem_tower::{Operation, PgStore};
+    ///
+    /// # async fn charge(_: &str, _: i64, _: &idem_tower::OperationKey) -> Result<String, PayError> { todo!() }
+    /// # #[derive(Debug)] struct PayError;
+    /// # impl From<idem_tower::Error> for PayError { fn from(_: idem_tower::Error) -> Self { PayError } }
+    /// # impl From<sqlx::Error> for PayError { fn from(_: sqlx::Error) -> Self { PayError } }
+    /// # impl axum::response::IntoResponse for PayError {
+    /// #     fn into_response(self) -> axum::response::Response { StatusCode::BAD_GATEWAY.into_response() }
+    /// # }
+    /// # fn routes() -> axum::Router<PgStore> { axum::Router::new().route("/pay", axum::routing::post(pay)) }
+    /// async fn pay(
+    ///     State(store): State<PgStore>,
+    ///     operation: Operation,
+    ///     Json(amount_cents): Json<i64>,
+    /// ) -> Result<Json<String>, PayError> {
+    ///     let phases = operation.phases(&store);
+    ///     // 1. A local transaction: its insert and its point commit together.
+    ///     let order_id: i64 = phases
+    ///         .transaction("create-order", |mut tx| async move {
+    ///             let id = sqlx::query_scalar(
+    ///                 "INSERT INTO orders (amount_cents, state) VALUES ($1, 'pending') RETURNING id",
+    ///             )
+    ///             .bind(amount_cents)
+    ///             .fetch_one(&mut *tx)
+    ///             .await?;
+    ///             Ok::<_, PayError>(id)
+    ///         })
+    ///         .await?;
+    ///     // 2. The call out, under a key that is the same on every run.
+    ///     let key = operation.key_for("psp-charge");
+    ///     let charge_id: String = phases
+    ///         .call("psp-charge", || charge("order", amount_cents, &key))
+    ///         .await?;
+    ///     // 3. A local transaction with the charge's id.
+    ///     let paid_with = charge_id.clone();
+    ///     phases
+    ///         .transaction("mark-paid", |mut tx| async move {
+    ///             sqlx::query("UPDATE orders SET state = 'paid', charge_id = $1 WHERE id = $2")
+    ///                 .bind(paid_with)
+    ///                 .bind(order_id)
+    ///                 .execute(&mut *tx)
+    ///                 .await?;
+    ///             Ok::<_, PayError>(())
+    ///         })
+    ///         .await?;
+    ///     Ok(Json(charge_id))
+    /// }
+    /// # }
+    /// ```
+    pub fn phases<'p, P: RecoveryPoints + ?Sized>(&self, points: &'p P) -> Phases<'p, P> {
+        Phases::new(points, self.phases, self.ttl)
     }
 }
 
@@ -183,7 +290,11 @@ mod tests {
     const SECRET: &[u8] = b"a deployment secret of 32+ bytes!!";
 
     fn operation(secret: &[u8], composite: &str) -> Operation {
-        OutboundKeys::new(secret).operation(&IdempotencyKey::new("idem:", composite))
+        OutboundKeys::new(secret).operation(
+            &IdempotencyKey::new("idem:", composite),
+            &Fingerprint::from_bytes([0; 32]),
+            Duration::from_secs(60),
+        )
     }
 
     #[test]
@@ -204,9 +315,28 @@ mod tests {
     #[test]
     fn a_namespace_is_part_of_the_operation() {
         let keys = OutboundKeys::new(SECRET);
-        let a = keys.operation(&IdempotencyKey::new("billing:", "pay:42"));
-        let b = keys.operation(&IdempotencyKey::new("shipping:", "pay:42"));
+        let (fp, ttl) = (Fingerprint::from_bytes([0; 32]), Duration::from_secs(60));
+        let a = keys.operation(&IdempotencyKey::new("billing:", "pay:42"), &fp, ttl);
+        let b = keys.operation(&IdempotencyKey::new("shipping:", "pay:42"), &fp, ttl);
         assert_ne!(a.id(), b.id());
+    }
+
+    #[test]
+    fn phases_are_the_requests_and_the_same_on_every_run() {
+        let keys = OutboundKeys::new(SECRET);
+        let key = IdempotencyKey::new("idem:", "pay:@tenant=acme:@user=ann:order-42");
+        let ttl = Duration::from_secs(60);
+        let [one, other] = [[1; 32], [2; 32]].map(Fingerprint::from_bytes);
+        let first = keys.operation(&key, &one, ttl);
+        let retry = OutboundKeys::new(SECRET).operation(&key, &one, ttl);
+        let reused = keys.operation(&key, &other, ttl);
+        assert_eq!(first.phases, retry.phases);
+        // Another body under the same key: the same operation, the same
+        // keys out, but phases of its own.
+        assert_eq!(first.id(), reused.id());
+        assert_eq!(first.key_for("psp-charge"), reused.key_for("psp-charge"));
+        assert_ne!(first.phases, reused.phases);
+        assert_ne!(first.phases, first.id);
     }
 
     proptest! {

@@ -13,7 +13,7 @@ use http::{Request, Response, StatusCode};
 use idem_tower::{Idempotency, MemoryStore, Operation, Resolver};
 use tower::service_fn;
 
-use crate::fixtures::ORDER;
+use crate::fixtures::{ORDER, OTHER_ORDER};
 use crate::support::{Calls, post as post_request, send};
 
 const SECRET: [u8; 32] = *b"layer tests' outbound key secret";
@@ -198,4 +198,59 @@ async fn without_a_secret_the_extractor_refuses_and_the_handler_never_runs() {
 #[should_panic(expected = "at least 32 bytes")]
 fn a_short_secret_is_refused() {
     let _ = Idempotency::builder(MemoryStore::new()).outbound_key_secret(b"short");
+}
+
+/// A handler in one phase (a call out counted in `charges`), failing with
+/// a 503 after it when told to: the retry of the same request resumes
+/// after the phase; another request under the key, once the first's
+/// attempt was released, has phases of its own.
+#[tokio::test]
+async fn phases_resume_a_retry_and_never_another_request() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use idem_tower::MemoryPoints;
+
+    let (charges, points) = (Calls::default(), MemoryPoints::new());
+    let fail = Arc::new(AtomicBool::new(true));
+    let handler = {
+        let (charges, points, fail) = (charges.clone(), points.clone(), fail.clone());
+        move |operation: Operation| {
+            let (charges, points, fail) = (charges.clone(), points.clone(), fail.clone());
+            async move {
+                let phases = operation.phases(&points);
+                let charged: Result<usize, idem_tower::Error> = phases
+                    .call("psp-charge", || async { Ok(charges.run()) })
+                    .await;
+                match charged {
+                    Ok(_) if fail.swap(false, Ordering::SeqCst) => StatusCode::SERVICE_UNAVAILABLE,
+                    Ok(_) => StatusCode::CREATED,
+                    Err(_) => StatusCode::INTERNAL_SERVER_ERROR,
+                }
+            }
+        }
+    };
+    let app = Router::new().route(
+        "/pay",
+        post(handler).layer(
+            handle()
+                .layer_with_key("pay:{header:idempotency-key}")
+                .unwrap(),
+        ),
+    );
+
+    let first = send(&app, post_request("/pay", Some("k-1"), ORDER)).await;
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE);
+    let retry = send(&app, post_request("/pay", Some("k-1"), ORDER)).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert_eq!(charges.get(), 1, "the retry resumed after the charge");
+
+    // Another body under a key whose only attempt was released: a new
+    // request, which does not resume the first's phases.
+    fail.store(true, Ordering::SeqCst);
+    let other = send(&app, post_request("/pay", Some("k-2"), ORDER)).await;
+    assert_eq!(other.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(charges.get(), 2);
+    let reused = send(&app, post_request("/pay", Some("k-2"), OTHER_ORDER)).await;
+    assert_eq!(reused.status, StatusCode::CREATED);
+    assert_eq!(charges.get(), 3, "the other body's phase ran");
 }
