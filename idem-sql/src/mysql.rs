@@ -13,7 +13,7 @@ use super::dialect::{
     ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, bind_all, has_code, record_row,
     run_migrations, sealed, shared_statements,
 };
-use idem_core::OwnerToken;
+use idem_core::{BoxFuture, OwnerToken};
 
 mod script;
 
@@ -269,19 +269,21 @@ impl Dialect for MySql {
         // lock wait timeout, read as "in flight". MariaDB takes 0 as "do
         // not wait"; MySQL's least is 1 s, so there a duplicate waits up to
         // a second. Then the handler's lock wait (whole seconds, at least
-        // 1), and the row read back: one round trip (`mysql/script.rs`).
-        // The lock wait is a session variable: it stays on the pooled
-        // connection, so it is set back on every path.
+        // 1), and the row read back: one round trip, of statements prepared
+        // once per connection (`mysql/script.rs`). The lock wait is a
+        // session variable: it stays on the pooled connection, so it is set
+        // back on every path.
         let secs = lock_timeout.as_secs().max(1);
-        let script = script::claim(&q.claim, &q.select, &args, secs);
-        let rows = match sqlx::raw_sql(AssertSqlSafe(script))
-            .fetch_all(&mut *conn)
-            .await
+        let script = script::claim(q, &args, secs);
+        let rows = match run_prepared(conn, q, script, |sql, conn| {
+            Box::pin(sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(conn))
+        })
+        .await
         {
             Ok(rows) => rows,
             Err(err) => {
-                // The script stopped at the upsert, before the lock wait
-                // was set back.
+                // The script stopped at the upsert or before it, with the
+                // lock wait still 0.
                 sqlx::raw_sql(AssertSqlSafe(script::lock_wait(secs)))
                     .execute(&mut *conn)
                     .await?;
@@ -306,7 +308,7 @@ impl Dialect for MySql {
         ttl_ms: i64,
     ) -> Result<bool, sqlx::Error> {
         let script = script::commit(
-            &q.complete,
+            q,
             &script::Completed {
                 key_hash: args.key_hash,
                 owner: args.owner.as_bytes(),
@@ -314,7 +316,11 @@ impl Dialect for MySql {
                 ttl_ms,
             },
         );
-        match sqlx::raw_sql(AssertSqlSafe(script)).execute(&mut *tx).await {
+        let committed = run_prepared(&mut tx, q, script, |sql, conn| {
+            Box::pin(sqlx::raw_sql(AssertSqlSafe(sql)).execute(conn))
+        })
+        .await;
+        match committed {
             // Committed. sqlx's handle still counts its transaction open,
             // and rolls it back when dropped: a ROLLBACK of nothing, which
             // sqlx sends when the connection goes back to the pool.
@@ -355,6 +361,24 @@ async fn restamp(
         .execute(&mut *conn)
         .await?;
     Ok(done.rows_affected() == 1)
+}
+
+/// Runs `script` (of `mysql/script.rs`, whose `EXECUTE`s name the
+/// statements it prepares) on `conn` with `run`; on a connection that has
+/// not prepared them (the script stopped at its first `EXECUTE`, with only
+/// its `SET` run), runs it again after their `PREPARE`s, in the same round
+/// trip.
+async fn run_prepared<T>(
+    conn: &mut MySqlConnection,
+    q: &Queries,
+    script: String,
+    run: impl for<'c> Fn(String, &'c mut MySqlConnection) -> BoxFuture<'c, Result<T, sqlx::Error>>,
+) -> Result<T, sqlx::Error> {
+    let prepare = match run(script.clone(), conn).await {
+        Err(err) if error_number(&err) == Some(script::NOT_PREPARED) => script::prepare(q, &script),
+        done => return done,
+    };
+    run(prepare, conn).await
 }
 
 /// MySQL's error number of `err`, if it is a database error.

@@ -154,3 +154,76 @@ async fn transactional_commit_over_a_row_not_its_own_commits_nothing() {
             .unwrap();
     assert_eq!(effects, 0, "nothing of the handler's committed");
 }
+
+/// A transactional claim runs the claim, its read and the completion as
+/// statements its connection prepared (`mysql/script.rs`). A connection
+/// that lost them (here deallocated, before the claim and again between
+/// the claim and its commit, as a session reset would) prepares them again
+/// in the same query, and the claim and its commit go through; the user
+/// variable that carried the stored response is emptied after the commit.
+#[tokio::test]
+async fn transactional_claims_prepare_again_what_their_connection_lost() {
+    use idem_core::{Outcome, StoredResponse};
+    use idem_sql::TxSlot;
+    use idem_sql::sqlx::{self, MySql};
+
+    let Some(shared) = mysql().await else {
+        return;
+    };
+    let one = MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(&mysql_url())
+        .await
+        .expect("MariaDB");
+    let store = MySqlStore::builder(one.clone())
+        .table(shared.table())
+        .build()
+        .unwrap();
+    let fp = Fingerprint::from_bytes([4; 32]);
+    let deallocate = |what: &str| {
+        sqlx::AssertSqlSafe(format!("DEALLOCATE PREPARE idem1_{what}_{}", store.table()))
+    };
+    let outcome = Outcome::Response(StoredResponse::new(
+        http::StatusCode::CREATED,
+        http::HeaderMap::new(),
+        "prepared again",
+    ));
+    for round in 0..2 {
+        let key = fresh_key("prepare-again");
+        let claim = store
+            .claim_in_transaction(&key, &fp, Duration::from_secs(30), OwnerToken::generate())
+            .await
+            .expect("MySQL answers");
+        let TxClaim::Open(tx) = claim else {
+            panic!("round {round}: a fresh key is claimed");
+        };
+        {
+            let handle = tx.handle();
+            let mut guard = handle.get::<TxSlot<MySql>>().unwrap().lock().await;
+            let conn = &mut **guard.as_mut().unwrap();
+            sqlx::raw_sql(deallocate("complete"))
+                .execute(&mut *conn)
+                .await
+                .expect("the completion was prepared by the claim");
+        }
+        tx.commit(&outcome, Duration::from_secs(600))
+            .await
+            .expect("the commit prepares the completion again");
+        let again = store
+            .claim_in_transaction(&key, &fp, Duration::from_secs(30), OwnerToken::generate())
+            .await
+            .expect("MySQL answers");
+        assert!(
+            matches!(&again, TxClaim::Duplicate(Duplicate::Replay(o)) if *o == outcome),
+            "round {round}: {again:?}"
+        );
+        let emptied: bool = sqlx::query_scalar("SELECT @idem_outcome IS NULL")
+            .fetch_one(&one)
+            .await
+            .unwrap();
+        assert!(emptied, "the stored response left in a session variable");
+        for what in ["claim", "select", "complete"] {
+            sqlx::raw_sql(deallocate(what)).execute(&one).await.unwrap();
+        }
+    }
+}
