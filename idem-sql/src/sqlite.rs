@@ -106,6 +106,7 @@ impl Dialect for Sqlite {
             )
             .into(),
             table: table.into(),
+            mariadb: std::sync::OnceLock::new(),
         }
     }
 

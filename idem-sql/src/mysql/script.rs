@@ -22,6 +22,15 @@
 //! transactions; they are named after the table, so that stores of several
 //! tables share a pool, and after their [`GENERATION`].
 //!
+//! On MariaDB 10.5 and later ([`Server::MariaDb`]) the claim is one
+//! statement where MySQL needs three: the upsert answers the row with
+//! `RETURNING` (no read back), waits for no lock by `SET STATEMENT
+//! innodb_lock_wait_timeout = 0 FOR` (the session's lock wait stays the
+//! handler's), and `EXECUTE ... USING` takes the values themselves, not
+//! user variables. Every statement of a text query is a dispatch and an
+//! answer of its own, sent apart; MariaDB runs 11 per first request that
+//! way, against 13.
+//!
 //! A text query has no parameters: the values are written into its text,
 //! as user variables the `EXECUTE`s take. Only values the store makes go
 //! there, in forms that cannot end a literal: integers as digits, bytes as
@@ -37,7 +46,33 @@
 //! raised past about 8 MiB needs the server's raised too. The user variable
 //! that carries it is emptied in the same script.
 
+use std::borrow::Cow;
+
 use crate::dialect::{ClaimArgs, Queries};
+
+/// The server a store's scripts are written for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Server {
+    /// MySQL, or a MariaDB before 10.5: the scripts of portable statements.
+    MySql,
+    /// MariaDB 10.5 and later: `INSERT ... RETURNING`, `SET STATEMENT`,
+    /// `EXECUTE ... USING` values.
+    MariaDb,
+}
+
+impl Server {
+    /// The server whose `VERSION()` is `version`.
+    pub(crate) fn of(version: &str) -> Self {
+        let Some(at) = version.find("-MariaDB") else {
+            return Self::MySql;
+        };
+        let mut numbers = version[..at].split('.').map(str::parse::<u32>);
+        match (numbers.next(), numbers.next()) {
+            (Some(Ok(major)), Some(Ok(minor))) if (major, minor) >= (10, 5) => Self::MariaDb,
+            _ => Self::MySql,
+        }
+    }
+}
 
 /// `value` as a binary string literal: `X'…'`, two hexadecimal digits a
 /// byte.
@@ -110,10 +145,19 @@ enum Prepared {
     /// The store's `complete`: outcome, retention in milliseconds, key
     /// hash, owner.
     Complete,
+    /// MariaDB's claim: the store's `claim` upsert under no lock wait,
+    /// answering the row as `select` reads it (`claim_returning`).
+    ClaimReturning,
 }
 
 impl Prepared {
-    const ALL: [Self; 3] = [Self::Claim, Self::Select, Self::Complete];
+    /// The statements the scripts for `server` execute.
+    fn all(server: Server) -> &'static [Self] {
+        match server {
+            Server::MySql => &[Self::Claim, Self::Select, Self::Complete],
+            Server::MariaDb => &[Self::ClaimReturning, Self::Complete],
+        }
+    }
 
     /// Appends its name on `table`.
     fn push_name(self, out: &mut String, table: &str) {
@@ -123,15 +167,30 @@ impl Prepared {
             Self::Claim => "_claim_",
             Self::Select => "_select_",
             Self::Complete => "_complete_",
+            Self::ClaimReturning => "_claimr_",
         });
         out.push_str(table);
     }
 
-    fn body(self, q: &Queries) -> &str {
+    fn body(self, q: &Queries) -> Cow<'_, str> {
         match self {
-            Self::Claim => &q.claim,
-            Self::Select => &q.select,
-            Self::Complete => &q.complete,
+            Self::Claim => Cow::Borrowed(&q.claim),
+            Self::Select => Cow::Borrowed(&q.select),
+            Self::Complete => Cow::Borrowed(&q.complete),
+            Self::ClaimReturning => Cow::Owned(super::claim_returning(q)),
+        }
+    }
+
+    /// Appends `EXECUTE` of it with `values` themselves (MariaDB).
+    fn push_execute_values(self, out: &mut String, table: &str, values: &[Literal<'_>]) {
+        out.push_str("EXECUTE ");
+        self.push_name(out, table);
+        out.push_str(" USING ");
+        for (n, value) in values.iter().enumerate() {
+            if n > 0 {
+                out.push_str(", ");
+            }
+            value.push(out);
         }
     }
 
@@ -148,12 +207,13 @@ impl Prepared {
 /// prepared (`ER_UNKNOWN_STMT_HANDLER`).
 pub(crate) const NOT_PREPARED: u32 = 1243;
 
-/// The `PREPARE`s of the statements the scripts execute, on `q`'s table,
-/// then `script`: a script sent again on a connection where it found them
-/// missing. Preparing a name the session has prepared replaces it.
-pub(crate) fn prepare(q: &Queries, script: &str) -> String {
+/// The `PREPARE`s of the statements the scripts for `server` execute, on
+/// `q`'s table, then `script`: a script sent again on a connection where it
+/// found them missing. Preparing a name the session has prepared replaces
+/// it.
+pub(crate) fn prepare(q: &Queries, server: Server, script: &str) -> String {
     let mut out = String::new();
-    for statement in Prepared::ALL {
+    for &statement in Prepared::all(server) {
         out.push_str("PREPARE ");
         statement.push_name(&mut out, &q.table);
         // A string literal: the statements' own quotes doubled (they hold
@@ -217,6 +277,28 @@ pub(crate) fn claim(q: &Queries, args: &ClaimArgs<'_>, lock_wait_secs: u64) -> S
     out
 }
 
+/// [`claim`] on MariaDB ([`Server::MariaDb`]): the session's lock wait
+/// for the handler's statements, `lock_wait_secs`, then the claim's
+/// upsert, which waits for no lock by itself and answers the key's row.
+/// If the upsert fails, the session's lock wait is already the handler's.
+pub(crate) fn claim_mariadb(q: &Queries, args: &ClaimArgs<'_>, lock_wait_secs: u64) -> String {
+    let mut out = String::with_capacity(384 + q.table.len());
+    out.push_str(&lock_wait(lock_wait_secs));
+    out.push_str("; ");
+    Prepared::ClaimReturning.push_execute_values(
+        &mut out,
+        &q.table,
+        &[
+            Literal::Bytes(args.key_hash),
+            Literal::Text(args.key),
+            Literal::Bytes(args.owner.as_bytes()),
+            Literal::Bytes(args.fingerprint.as_bytes()),
+            Literal::Int(args.lease_ms),
+        ],
+    );
+    out
+}
+
 /// Sets the session's lock wait, in whole seconds.
 pub(crate) fn lock_wait(secs: u64) -> String {
     format!("SET {LOCK_WAIT} = {secs}")
@@ -260,13 +342,36 @@ pub(crate) fn commit(q: &Queries, record: &Completed<'_>) -> String {
         &q.table,
         &["@idem_outcome", "@idem_ttl", "@idem_hash", "@idem_owner"],
     );
-    out.push_str(
-        "; SET @idem_outcome = NULL, @idem_completed = \
-         (SELECT 1 FROM DUAL UNION ALL SELECT 2 FROM DUAL WHERE ROW_COUNT() <> 1); \
-         COMMIT",
-    );
+    // The variable that carried the outcome emptied in the check's `SET`.
+    out.push_str("; SET @idem_outcome = NULL, ");
+    out.push_str(CHECK);
+    out.push_str("; COMMIT");
     out
 }
+
+/// [`commit`] on MariaDB ([`Server::MariaDb`]): the completion's values
+/// in its `EXECUTE`, no user variable to set or to empty.
+pub(crate) fn commit_mariadb(q: &Queries, record: &Completed<'_>) -> String {
+    let mut out = String::with_capacity(2 * record.outcome.len() + 384 + q.table.len());
+    Prepared::Complete.push_execute_values(
+        &mut out,
+        &q.table,
+        &[
+            Literal::Bytes(record.outcome),
+            Literal::Int(record.ttl_ms),
+            Literal::Bytes(record.key_hash),
+            Literal::Bytes(record.owner),
+        ],
+    );
+    out.push_str("; SET ");
+    out.push_str(CHECK);
+    out.push_str("; COMMIT");
+    out
+}
+
+/// The check after the completion, an assignment of a `SET` ([`commit`]).
+const CHECK: &str = "@idem_completed = \
+     (SELECT 1 FROM DUAL UNION ALL SELECT 2 FROM DUAL WHERE ROW_COUNT() <> 1)";
 
 #[cfg(test)]
 mod tests {
@@ -310,13 +415,80 @@ mod tests {
             renew: "".into(),
             purge: "".into(),
             table: "t".into(),
+            mariadb: std::sync::OnceLock::new(),
         };
         assert_eq!(
-            prepare(&q, "EXECUTE idem1_select_t USING @idem_hash"),
+            prepare(&q, Server::MySql, "EXECUTE idem1_select_t USING @idem_hash"),
             "PREPARE idem1_claim_t FROM 'INSERT INTO t VALUES (?, ''I'')'; \
              PREPARE idem1_select_t FROM 'SELECT a FROM t WHERE k = ?'; \
              PREPARE idem1_complete_t FROM 'UPDATE t SET s = ''C'' WHERE k = ?'; \
              EXECUTE idem1_select_t USING @idem_hash"
         );
+    }
+
+    #[test]
+    fn mariadb_from_10_5_takes_its_own_scripts() {
+        for (version, server) in [
+            ("10.11.19-MariaDB-0+deb12u1", Server::MariaDb),
+            ("10.5.0-MariaDB", Server::MariaDb),
+            ("11.4.2-MariaDB-log", Server::MariaDb),
+            ("10.4.34-MariaDB", Server::MySql),
+            ("8.0.36", Server::MySql),
+            ("8.4.0-commercial", Server::MySql),
+            ("", Server::MySql),
+        ] {
+            assert_eq!(Server::of(version), server, "{version}");
+        }
+    }
+
+    #[test]
+    fn mariadb_claims_execute_their_values() {
+        let q = Queries {
+            claim: "".into(),
+            select: "".into(),
+            complete: "".into(),
+            release: "".into(),
+            renew: "".into(),
+            purge: "".into(),
+            table: "t".into(),
+            mariadb: std::sync::OnceLock::new(),
+        };
+        let (hash, owner) = ([1; 32], idem_core::OwnerToken::generate());
+        let fingerprint = idem_core::Fingerprint::from_bytes([2; 32]);
+        let args = ClaimArgs {
+            key_hash: &hash,
+            key: "k'",
+            fingerprint: &fingerprint,
+            owner: &owner,
+            lease_ms: 30_000,
+        };
+        let script = claim_mariadb(&q, &args, 7);
+        let owner_hex = bytes(owner.as_bytes());
+        assert_eq!(
+            script,
+            format!(
+                "SET SESSION innodb_lock_wait_timeout = 7; EXECUTE idem1_claimr_t USING {}, \
+                 CONVERT(X'6b27' USING utf8mb4), {owner_hex}, {}, 30000",
+                bytes(&hash),
+                bytes(&[2; 32]),
+            )
+        );
+        let commit = commit_mariadb(
+            &q,
+            &Completed {
+                key_hash: &hash,
+                owner: owner.as_bytes(),
+                outcome: b"o",
+                ttl_ms: 5,
+            },
+        );
+        assert!(
+            commit.starts_with(&format!(
+                "EXECUTE idem1_complete_t USING X'6f', 5, {}, {owner_hex}; SET @idem_completed",
+                bytes(&hash)
+            )),
+            "{commit}"
+        );
+        assert!(commit.ends_with("; COMMIT"), "{commit}");
     }
 }

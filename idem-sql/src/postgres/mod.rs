@@ -135,6 +135,7 @@ impl Dialect for Postgres {
             )
             .into(),
             table: table.into(),
+            mariadb: std::sync::OnceLock::new(),
         }
     }
 
