@@ -276,6 +276,7 @@ where
 }
 
 /// Reads a [`RecordRow`] from a row with the columns of `Queries::select`.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) fn record_row<R>(row: &R) -> Result<RecordRow, sqlx::Error>
 where
     R: sqlx::Row,
