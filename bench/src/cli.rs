@@ -133,7 +133,8 @@ pub(crate) struct Args {
     /// Instead of the benchmark, send `--requests` requests of one case
     /// through its app in process, for an instruction count
     /// (`.ci/instructions`): bare, idem-first, idem-replay, peer-first,
-    /// peer-replay.
+    /// peer-replay; and, for a profile of the SQL paths on one pooled
+    /// connection, orders-{mysql,postgres}[-hand]-{first,replay}.
     #[arg(long)]
     pub(crate) instructions: Option<String>,
     /// Requests of `--instructions`.

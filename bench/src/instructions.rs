@@ -16,7 +16,7 @@ use crate::client::{key, replay_header};
 use crate::load::{ORDER, account_order, order_request};
 
 /// The cases `--instructions` takes, and what each measures.
-pub(crate) const CASES: [&str; 7] = [
+pub(crate) const CASES: [&str; 13] = [
     "bare",
     "idem-first",
     "idem-replay",
@@ -24,6 +24,12 @@ pub(crate) const CASES: [&str; 7] = [
     "peer-replay",
     "orders-mysql-first",
     "orders-mysql-hand-first",
+    "orders-mysql-replay",
+    "orders-mysql-hand-replay",
+    "orders-postgres-first",
+    "orders-postgres-hand-first",
+    "orders-postgres-replay",
+    "orders-postgres-hand-replay",
 ];
 
 /// The MySQL/MariaDB database of the `orders-mysql-` cases (a profile of
@@ -32,6 +38,32 @@ pub(crate) const CASES: [&str; 7] = [
 fn mysql_url() -> String {
     std::env::var("IDEM_BENCH_MYSQL_URL")
         .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/idem_bench".to_owned())
+}
+
+/// The PostgreSQL database of the `orders-postgres-` cases (a profile of
+/// the SQL path, as the MySQL cases): `IDEM_BENCH_PG_URL`, or the
+/// benchmark's own database on the local server, which a run of the
+/// benchmark creates.
+fn postgres_url() -> String {
+    std::env::var("IDEM_BENCH_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/idem_bench".to_owned())
+}
+
+/// The orders tables and the store's table on PostgreSQL, as the
+/// benchmark prepares them before its rows.
+async fn prepare_postgres(url: &str) -> Result<(), String> {
+    let pool = idem_tower::sql::sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(url)
+        .await
+        .map_err(|e| format!("PostgreSQL at {url}: {e}"))?;
+    idem_tower::PgStore::new(pool.clone())
+        .migrate()
+        .await
+        .map_err(|e| e.to_string())?;
+    apps::prepare_orders(&pool, 1000).await?;
+    pool.close().await;
+    Ok(())
 }
 
 /// Runs `requests` requests of `case`; the process's exit code.
@@ -59,22 +91,42 @@ async fn send_all(case: &str, requests: u64) -> Result<(), String> {
         "idem-replay" => (Kind::Memory, true),
         "peer-first" => (Kind::Peer, false),
         "peer-replay" => (Kind::Peer, true),
-        "orders-mysql-first" => (
+        "orders-mysql-first" | "orders-mysql-replay" => (
             Kind::OrdersMysql {
                 url: mysql_url(),
                 pool: 1,
                 accounts: 1000,
             },
-            false,
+            case.ends_with("replay"),
         ),
-        "orders-mysql-hand-first" => (
+        "orders-mysql-hand-first" | "orders-mysql-hand-replay" => (
             Kind::OrdersMysqlHand {
                 url: mysql_url(),
                 pool: 1,
                 accounts: 1000,
             },
-            false,
+            case.ends_with("replay"),
         ),
+        "orders-postgres-first" | "orders-postgres-replay" => {
+            prepare_postgres(&postgres_url()).await?;
+            (
+                Kind::OrdersPg {
+                    url: postgres_url(),
+                    pool: 1,
+                },
+                case.ends_with("replay"),
+            )
+        }
+        "orders-postgres-hand-first" | "orders-postgres-hand-replay" => {
+            prepare_postgres(&postgres_url()).await?;
+            (
+                Kind::OrdersPgHand {
+                    url: postgres_url(),
+                    pool: 1,
+                },
+                case.ends_with("replay"),
+            )
+        }
         other => return Err(format!("no case {other:?}; one of {CASES:?}")),
     };
     let router = apps::router(kind.clone()).await?;

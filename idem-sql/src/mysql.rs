@@ -14,9 +14,11 @@ use super::dialect::{
     ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, bind_all, has_code, record_row,
     run_migrations, sealed, shared_statements,
 };
-use idem_core::OwnerToken;
+use idem_core::{BoxFuture, OwnerToken};
 
 mod script;
+
+use script::Server;
 
 const MIGRATIONS: &[(i64, &str)] = &[
     (
@@ -63,6 +65,56 @@ fn upsert(table: &str, [hash, key, owner, fingerprint, lease_ms]: [&str; 5]) -> 
          VALUES ({hash}, {key}, 'I', {owner}, {fingerprint}, NULL, {expires}, {now}) \
          ON DUPLICATE KEY UPDATE {updates}"
     )
+}
+
+/// The columns of a claim's row as a claim reads it (`RecordRow`): state,
+/// owner, fingerprint, outcome, milliseconds left.
+fn record_columns() -> String {
+    format!(
+        "state, owner, fingerprint, outcome, {}",
+        MySql::ms_until("expires_at")
+    )
+}
+
+/// MariaDB's claim (`mysql/script.rs`): the store's upsert with no lock
+/// wait of its own, answering the key's row as it stands after it (the
+/// row inserted, taken over or left alone), as the store's `select` would
+/// read it.
+pub(crate) fn claim_returning(q: &Queries) -> String {
+    format!(
+        "SET STATEMENT innodb_lock_wait_timeout = 0 FOR {} RETURNING {}",
+        q.claim,
+        record_columns()
+    )
+}
+
+impl crate::SqlStore<MySql> {
+    /// Writes this store's transactional scripts for MySQL whatever the
+    /// server is, so that the portable scripts are tested on MariaDB too.
+    /// No effect once the store has run a transactional claim.
+    #[cfg(feature = "test-util")]
+    #[doc(hidden)]
+    pub fn portable_scripts_for_tests(&self) {
+        let _ = self.inner.queries.mariadb.set(false);
+    }
+}
+
+/// The server `q`'s store writes its scripts for, asked on `conn` at its
+/// first transactional claim.
+async fn server(conn: &mut MySqlConnection, q: &Queries) -> Result<Server, sqlx::Error> {
+    if let Some(&mariadb) = q.mariadb.get() {
+        return Ok(if mariadb {
+            Server::MariaDb
+        } else {
+            Server::MySql
+        });
+    }
+    let version: String = sqlx::query_scalar("SELECT VERSION()")
+        .fetch_one(&mut *conn)
+        .await?;
+    let server = Server::of(&version);
+    let _ = q.mariadb.set(server == Server::MariaDb);
+    Ok(server)
 }
 
 /// What the claim's row, read back, says of a claim by `args`: ours
@@ -137,12 +189,13 @@ impl Dialect for MySql {
     const TABLE_OPTIONS: &'static str = " ENGINE = InnoDB";
 
     fn queries(table: &str) -> Queries {
-        let (now, left) = (Self::NOW, Self::ms_until("expires_at"));
+        let now = Self::NOW;
         let expires = Self::now_plus_ms("?");
         Queries {
             claim: upsert(table, ["?"; 5]).into(),
             select: format!(
-                "SELECT state, owner, fingerprint, outcome, {left} FROM {table} WHERE key_hash = ?"
+                "SELECT {} FROM {table} WHERE key_hash = ?",
+                record_columns()
             )
             .into(),
             complete: format!(
@@ -168,6 +221,7 @@ impl Dialect for MySql {
             )
             .into(),
             table: table.into(),
+            mariadb: std::sync::OnceLock::new(),
         }
     }
 
@@ -287,19 +341,33 @@ impl Dialect for MySql {
         // lock wait timeout, read as "in flight". MariaDB takes 0 as "do
         // not wait"; MySQL's least is 1 s, so there a duplicate waits up to
         // a second. Then the handler's lock wait (whole seconds, at least
-        // 1), and the row read back: one round trip (`mysql/script.rs`).
-        // The lock wait is a session variable: it stays on the pooled
-        // connection, so it is set back on every path.
+        // 1), and the row read back: one round trip, of statements prepared
+        // once per connection (`mysql/script.rs`). The lock wait is a
+        // session variable: it stays on the pooled connection, so it is set
+        // back on every path. On MariaDB the upsert's own no-wait is the
+        // statement's alone (`SET STATEMENT`), the session's lock wait is
+        // set to the handler's first, and the upsert answers the row.
         let secs = lock_timeout.as_secs().max(1);
-        let script = script::claim(&q.claim, &q.select, &args, secs);
-        let rows = match sqlx::raw_sql(AssertSqlSafe(script))
-            .fetch_all(&mut *conn)
-            .await
+        let server = server(conn, q).await?;
+        let script = match server {
+            Server::MySql => script::claim(q, &args, secs),
+            Server::MariaDb => script::claim_mariadb(q, &args, secs),
+        };
+        let rows = match run_prepared(conn, q, server, script, |sql, conn| {
+            Box::pin(sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(conn))
+        })
+        .await
         {
             Ok(rows) => rows,
+            // MariaDB's upsert waits for no lock by itself: the session's
+            // lock wait is the handler's already.
+            Err(err) if server == Server::MariaDb && Self::is_lock_timeout(&err) => {
+                return Ok(ClaimStep::Locked);
+            }
+            Err(err) if server == Server::MariaDb => return Err(err),
             Err(err) => {
-                // The script stopped at the upsert, before the lock wait
-                // was set back.
+                // The script stopped at the upsert or before it, with the
+                // lock wait still 0.
                 sqlx::raw_sql(AssertSqlSafe(script::lock_wait(secs)))
                     .execute(&mut *conn)
                     .await?;
@@ -323,16 +391,22 @@ impl Dialect for MySql {
         outcome: &[u8],
         ttl_ms: i64,
     ) -> Result<bool, sqlx::Error> {
-        let script = script::commit(
-            &q.complete,
-            &script::Completed {
-                key_hash: args.key_hash,
-                owner: args.owner.as_bytes(),
-                outcome,
-                ttl_ms,
-            },
-        );
-        match sqlx::raw_sql(AssertSqlSafe(script)).execute(&mut *tx).await {
+        let record = script::Completed {
+            key_hash: args.key_hash,
+            owner: args.owner.as_bytes(),
+            outcome,
+            ttl_ms,
+        };
+        let server = server(&mut tx, q).await?;
+        let script = match server {
+            Server::MySql => script::commit(q, &record),
+            Server::MariaDb => script::commit_mariadb(q, &record),
+        };
+        let committed = run_prepared(&mut tx, q, server, script, |sql, conn| {
+            Box::pin(sqlx::raw_sql(AssertSqlSafe(sql)).execute(conn))
+        })
+        .await;
+        match committed {
             // Committed. sqlx's handle still counts its transaction open,
             // and rolls it back when dropped: a ROLLBACK of nothing, which
             // sqlx sends when the connection goes back to the pool.
@@ -373,6 +447,27 @@ async fn restamp(
         .execute(&mut *conn)
         .await?;
     Ok(done.rows_affected() == 1)
+}
+
+/// Runs `script` (of `mysql/script.rs`, whose `EXECUTE`s name the
+/// statements it prepares) on `conn` with `run`; on a connection that has
+/// not prepared them (the script stopped at its first `EXECUTE`, with only
+/// its `SET` run), runs it again after their `PREPARE`s, in the same round
+/// trip.
+async fn run_prepared<T>(
+    conn: &mut MySqlConnection,
+    q: &Queries,
+    server: Server,
+    script: String,
+    run: impl for<'c> Fn(String, &'c mut MySqlConnection) -> BoxFuture<'c, Result<T, sqlx::Error>>,
+) -> Result<T, sqlx::Error> {
+    let prepare = match run(script.clone(), conn).await {
+        Err(err) if error_number(&err) == Some(script::NOT_PREPARED) => {
+            script::prepare(q, server, &script)
+        }
+        done => return done,
+    };
+    run(prepare, conn).await
 }
 
 /// MySQL's error number of `err`, if it is a database error.

@@ -113,6 +113,7 @@ impl Dialect for Sqlite {
             )
             .into(),
             table: table.into(),
+            mariadb: std::sync::OnceLock::new(),
         }
     }
 

@@ -18,11 +18,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use bind::{Value, bind_all};
+pub(crate) use record::{ClaimArgs, ClaimStep, Queries, RecordRow, has_code, run_migrations};
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
-pub(crate) use record::shared_statements;
-pub(crate) use record::{
-    ClaimArgs, ClaimStep, Queries, RecordRow, has_code, record_row, run_migrations,
-};
+pub(crate) use record::{record_row, shared_statements};
 
 use super::SqlStore;
 use super::batch::{Write, Written};

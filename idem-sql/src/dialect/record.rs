@@ -24,6 +24,11 @@ pub struct Queries {
     /// transactional claims (`postgres/script.rs`, `sqlite/script.rs`),
     /// MySQL's lease stamped again (`mysql.rs`).
     pub(crate) table: Arc<str>,
+    /// MySQL/MariaDB only: whether the server takes MariaDB's scripts
+    /// (`mysql/script.rs`), learned at the store's first transactional
+    /// claim.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub(crate) mariadb: std::sync::OnceLock<bool>,
 }
 
 /// The values a claim writes.
@@ -271,6 +276,7 @@ where
 }
 
 /// Reads a [`RecordRow`] from a row with the columns of `Queries::select`.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) fn record_row<R>(row: &R) -> Result<RecordRow, sqlx::Error>
 where
     R: sqlx::Row,

@@ -10,21 +10,69 @@
 //! row read back) and none of its own at its end (the row completed in the
 //! round trip of COMMIT).
 //!
-//! A text query has no parameters: the values are written into its text.
-//! Only values the store makes go there, in forms that cannot end a
-//! literal: integers as digits, bytes as hexadecimal literals (`X'…'`), the
-//! key as the hexadecimal literal of its UTF-8 bytes, converted. The table
-//! name is a checked identifier (`validate_identifier`). The statements
-//! are the store's own, rendered once with `?` parameters, the values
-//! spliced in where those are.
+//! The claim's upsert, its read back and the completion are prepared once
+//! per connection with SQL's `PREPARE` and run with `EXECUTE ... USING`
+//! user variables in the scripts, so that the server parses the long
+//! statements once per connection rather than on every request (parsing
+//! them was most of what a text claim cost the server beyond the
+//! hand-written statements: BENCHMARKS.md). A connection's first script
+//! finds them missing ([`NOT_PREPARED`]: nothing of it but its first `SET`
+//! ran) and is sent again after their `PREPARE`s ([`prepare`]), in the same
+//! round trip. Prepared statements are the session's and outlive its
+//! transactions; they are named after the table, so that stores of several
+//! tables share a pool, and after their [`GENERATION`].
+//!
+//! On MariaDB 10.5 and later ([`Server::MariaDb`]) the claim is one
+//! statement where MySQL needs three: the upsert answers the row with
+//! `RETURNING` (no read back), waits for no lock by `SET STATEMENT
+//! innodb_lock_wait_timeout = 0 FOR` (the session's lock wait stays the
+//! handler's), and `EXECUTE ... USING` takes the values themselves, not
+//! user variables. Every statement of a text query is a dispatch and an
+//! answer of its own, sent apart; MariaDB runs 11 per first request that
+//! way, against 13.
+//!
+//! A text query has no parameters: the values are written into its text,
+//! as user variables the `EXECUTE`s take. Only values the store makes go
+//! there, in forms that cannot end a literal: integers as digits, bytes as
+//! hexadecimal literals (`X'…'`), the key as the hexadecimal literal of its
+//! UTF-8 bytes, converted. The table name is a checked identifier
+//! (`validate_identifier`). The statements are the store's own, rendered
+//! once with `?` parameters.
 //!
 //! A stored response goes into the commit's text as two digits a byte, so
 //! the query is about twice the response's size and must fit the server's
 //! `max_allowed_packet` (MariaDB's default 16 MiB, MySQL's 64 MiB): far
 //! above idem's default cap on a stored response (256 KiB), but a cap
-//! raised past about 8 MiB needs the server's raised too.
+//! raised past about 8 MiB needs the server's raised too. The user variable
+//! that carries it is emptied in the same script.
 
-use crate::dialect::ClaimArgs;
+use std::borrow::Cow;
+
+use crate::dialect::{ClaimArgs, Queries};
+
+/// The server a store's scripts are written for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Server {
+    /// MySQL, or a MariaDB before 10.5: the scripts of portable statements.
+    MySql,
+    /// MariaDB 10.5 and later: `INSERT ... RETURNING`, `SET STATEMENT`,
+    /// `EXECUTE ... USING` values.
+    MariaDb,
+}
+
+impl Server {
+    /// The server whose `VERSION()` is `version`.
+    pub(crate) fn of(version: &str) -> Self {
+        let Some(at) = version.find("-MariaDB") else {
+            return Self::MySql;
+        };
+        let mut numbers = version[..at].split('.').map(str::parse::<u32>);
+        match (numbers.next(), numbers.next()) {
+            (Some(Ok(major)), Some(Ok(minor))) if (major, minor) >= (10, 5) => Self::MariaDb,
+            _ => Self::MySql,
+        }
+    }
+}
 
 /// `value` as a binary string literal: `X'…'`, two hexadecimal digits a
 /// byte.
@@ -64,19 +112,119 @@ impl Literal<'_> {
     }
 }
 
-/// Appends `statement` (one of the store's prepared statements, its
-/// parameters `?`) with its parameters replaced, in order, by `values`:
-/// the statement's text is rendered once per store, and a script only
-/// splices the values in. The store's statements have no `?` but their
-/// parameters (the table name is an identifier).
-fn push_with(out: &mut String, statement: &str, values: &[Literal<'_>]) {
-    let mut values = values.iter();
-    for (n, piece) in statement.split('?').enumerate() {
+/// Appends `SET` with `assignments` (a session variable, or a user
+/// variable and the value it takes), comma-separated.
+fn push_set(out: &mut String, assignments: &[(&str, Literal<'_>)]) {
+    out.push_str("SET ");
+    for (n, (variable, value)) in assignments.iter().enumerate() {
         if n > 0 {
-            values.next().expect("a value for each parameter").push(out);
+            out.push_str(", ");
         }
-        out.push_str(piece);
+        out.push_str(variable);
+        out.push_str(" = ");
+        value.push(out);
     }
+}
+
+/// The session variable of the lock wait, in whole seconds.
+const LOCK_WAIT: &str = "SESSION innodb_lock_wait_timeout";
+
+/// The generation of the prepared statements, part of their names: raised
+/// whenever a statement's text or parameters change, so that a connection
+/// never runs another version's statement under the same name.
+const GENERATION: u32 = 1;
+
+/// One of the statements a transactional claim prepares.
+#[derive(Clone, Copy)]
+enum Prepared {
+    /// The store's `claim` upsert: key hash, key, owner, fingerprint, lease
+    /// in milliseconds.
+    Claim,
+    /// The store's `select`: key hash.
+    Select,
+    /// The store's `complete`: outcome, retention in milliseconds, key
+    /// hash, owner.
+    Complete,
+    /// MariaDB's claim: the store's `claim` upsert under no lock wait,
+    /// answering the row as `select` reads it (`claim_returning`).
+    ClaimReturning,
+}
+
+impl Prepared {
+    /// The statements the scripts for `server` execute.
+    fn all(server: Server) -> &'static [Self] {
+        match server {
+            Server::MySql => &[Self::Claim, Self::Select, Self::Complete],
+            Server::MariaDb => &[Self::ClaimReturning, Self::Complete],
+        }
+    }
+
+    /// Appends its name on `table`.
+    fn push_name(self, out: &mut String, table: &str) {
+        out.push_str("idem");
+        out.push_str(&GENERATION.to_string());
+        out.push_str(match self {
+            Self::Claim => "_claim_",
+            Self::Select => "_select_",
+            Self::Complete => "_complete_",
+            Self::ClaimReturning => "_claimr_",
+        });
+        out.push_str(table);
+    }
+
+    fn body(self, q: &Queries) -> Cow<'_, str> {
+        match self {
+            Self::Claim => Cow::Borrowed(&q.claim),
+            Self::Select => Cow::Borrowed(&q.select),
+            Self::Complete => Cow::Borrowed(&q.complete),
+            Self::ClaimReturning => Cow::Owned(super::claim_returning(q)),
+        }
+    }
+
+    /// Appends `EXECUTE` of it with `values` themselves (MariaDB).
+    fn push_execute_values(self, out: &mut String, table: &str, values: &[Literal<'_>]) {
+        out.push_str("EXECUTE ");
+        self.push_name(out, table);
+        out.push_str(" USING ");
+        for (n, value) in values.iter().enumerate() {
+            if n > 0 {
+                out.push_str(", ");
+            }
+            value.push(out);
+        }
+    }
+
+    /// Appends `EXECUTE` of it with the user variables `using`.
+    fn push_execute(self, out: &mut String, table: &str, using: &[&str]) {
+        out.push_str("EXECUTE ");
+        self.push_name(out, table);
+        out.push_str(" USING ");
+        out.push_str(&using.join(", "));
+    }
+}
+
+/// MySQL's error when an `EXECUTE` names a statement the session has not
+/// prepared (`ER_UNKNOWN_STMT_HANDLER`).
+pub(crate) const NOT_PREPARED: u32 = 1243;
+
+/// The `PREPARE`s of the statements the scripts for `server` execute, on
+/// `q`'s table, then `script`: a script sent again on a connection where it
+/// found them missing. Preparing a name the session has prepared replaces
+/// it.
+pub(crate) fn prepare(q: &Queries, server: Server, script: &str) -> String {
+    let mut out = String::new();
+    for &statement in Prepared::all(server) {
+        out.push_str("PREPARE ");
+        statement.push_name(&mut out, &q.table);
+        // A string literal: the statements' own quotes doubled (they hold
+        // no backslash, which would read differently under
+        // NO_BACKSLASH_ESCAPES).
+        out.push_str(" FROM '");
+        out.push_str(&statement.body(q).replace('\'', "''"));
+        out.push_str("'; ");
+    }
+    out.push_str(script);
+    out
 }
 
 /// MySQL's error when a scalar subquery returns more than one row
@@ -85,45 +233,75 @@ fn push_with(out: &mut String, statement: &str, values: &[Literal<'_>]) {
 pub(crate) const NOT_COMPLETED: u32 = 1242;
 
 /// The start of a transactional claim, in the transaction just begun: the
-/// claim's row written (the store's `claim` upsert, `upsert`, its values
-/// literals) under no lock wait, so that another transaction's claim of
-/// the key fails it at once with a lock wait timeout; then the session's
-/// lock wait for the handler's statements, `lock_wait_secs`; then the
-/// key's row, by the store's `select`, `select`.
+/// claim's row written (the store's `claim` upsert, `q.claim`, prepared)
+/// under no lock wait, so that another transaction's claim of the key
+/// fails it at once with a lock wait timeout; then the session's lock wait
+/// for the handler's statements, `lock_wait_secs`; then the key's row, by
+/// the store's `select`.
 ///
 /// If the upsert fails, nothing after it runs: the session's lock wait is
 /// still 0, and the caller sets it back ([`lock_wait`]).
-pub(crate) fn claim(
-    upsert: &str,
-    select: &str,
-    args: &ClaimArgs<'_>,
-    lock_wait_secs: u64,
-) -> String {
-    let hash = Literal::Bytes(args.key_hash);
-    let mut out = String::with_capacity(upsert.len() + select.len() + 512);
-    out.push_str(&lock_wait(0));
-    out.push_str("; ");
-    push_with(
+pub(crate) fn claim(q: &Queries, args: &ClaimArgs<'_>, lock_wait_secs: u64) -> String {
+    let table = &*q.table;
+    let mut out = String::with_capacity(512 + table.len() * 2);
+    push_set(
         &mut out,
-        upsert,
         &[
-            hash,
+            (LOCK_WAIT, Literal::Int(0)),
+            ("@idem_hash", Literal::Bytes(args.key_hash)),
+            ("@idem_key", Literal::Text(args.key)),
+            ("@idem_owner", Literal::Bytes(args.owner.as_bytes())),
+            (
+                "@idem_fingerprint",
+                Literal::Bytes(args.fingerprint.as_bytes()),
+            ),
+            ("@idem_lease", Literal::Int(args.lease_ms)),
+        ],
+    );
+    out.push_str("; ");
+    Prepared::Claim.push_execute(
+        &mut out,
+        table,
+        &[
+            "@idem_hash",
+            "@idem_key",
+            "@idem_owner",
+            "@idem_fingerprint",
+            "@idem_lease",
+        ],
+    );
+    out.push_str("; ");
+    out.push_str(&lock_wait(lock_wait_secs));
+    out.push_str("; ");
+    Prepared::Select.push_execute(&mut out, table, &["@idem_hash"]);
+    out
+}
+
+/// [`claim`] on MariaDB ([`Server::MariaDb`]): the session's lock wait
+/// for the handler's statements, `lock_wait_secs`, then the claim's
+/// upsert, which waits for no lock by itself and answers the key's row.
+/// If the upsert fails, the session's lock wait is already the handler's.
+pub(crate) fn claim_mariadb(q: &Queries, args: &ClaimArgs<'_>, lock_wait_secs: u64) -> String {
+    let mut out = String::with_capacity(384 + q.table.len());
+    out.push_str(&lock_wait(lock_wait_secs));
+    out.push_str("; ");
+    Prepared::ClaimReturning.push_execute_values(
+        &mut out,
+        &q.table,
+        &[
+            Literal::Bytes(args.key_hash),
             Literal::Text(args.key),
             Literal::Bytes(args.owner.as_bytes()),
             Literal::Bytes(args.fingerprint.as_bytes()),
             Literal::Int(args.lease_ms),
         ],
     );
-    out.push_str("; ");
-    out.push_str(&lock_wait(lock_wait_secs));
-    out.push_str("; ");
-    push_with(&mut out, select, &[hash]);
     out
 }
 
 /// Sets the session's lock wait, in whole seconds.
 pub(crate) fn lock_wait(secs: u64) -> String {
-    format!("SET SESSION innodb_lock_wait_timeout = {secs}")
+    format!("SET {LOCK_WAIT} = {secs}")
 }
 
 /// A transactional claim's completed record.
@@ -135,7 +313,7 @@ pub(crate) struct Completed<'a> {
 }
 
 /// The end of a transactional claim: its row completed (the store's
-/// `complete`, `complete`), a check that it was (the row the claim wrote,
+/// `complete`, prepared), a check that it was (the row the claim wrote,
 /// still its own: its transaction's lock keeps every other writer off it,
 /// so this holds unless something past the store changed it), and COMMIT.
 /// A failed check raises [`NOT_COMPLETED`], and the COMMIT after it is not
@@ -145,12 +323,39 @@ pub(crate) struct Completed<'a> {
 /// connects with `CLIENT_FOUND_ROWS`): one, or a scalar subquery of two
 /// rows, which fails the statement. It assigns a session variable rather
 /// than selecting, so that it answers no result set (whose column
-/// metadata sqlx would decode).
-pub(crate) fn commit(complete: &str, record: &Completed<'_>) -> String {
-    let mut out = String::with_capacity(complete.len() + 2 * record.outcome.len() + 256);
-    push_with(
+/// metadata sqlx would decode); the same `SET` empties the variable that
+/// carried the outcome.
+pub(crate) fn commit(q: &Queries, record: &Completed<'_>) -> String {
+    let mut out = String::with_capacity(2 * record.outcome.len() + 512 + q.table.len());
+    push_set(
         &mut out,
-        complete,
+        &[
+            ("@idem_outcome", Literal::Bytes(record.outcome)),
+            ("@idem_ttl", Literal::Int(record.ttl_ms)),
+            ("@idem_hash", Literal::Bytes(record.key_hash)),
+            ("@idem_owner", Literal::Bytes(record.owner)),
+        ],
+    );
+    out.push_str("; ");
+    Prepared::Complete.push_execute(
+        &mut out,
+        &q.table,
+        &["@idem_outcome", "@idem_ttl", "@idem_hash", "@idem_owner"],
+    );
+    // The variable that carried the outcome emptied in the check's `SET`.
+    out.push_str("; SET @idem_outcome = NULL, ");
+    out.push_str(CHECK);
+    out.push_str("; COMMIT");
+    out
+}
+
+/// [`commit`] on MariaDB ([`Server::MariaDb`]): the completion's values
+/// in its `EXECUTE`, no user variable to set or to empty.
+pub(crate) fn commit_mariadb(q: &Queries, record: &Completed<'_>) -> String {
+    let mut out = String::with_capacity(2 * record.outcome.len() + 384 + q.table.len());
+    Prepared::Complete.push_execute_values(
+        &mut out,
+        &q.table,
         &[
             Literal::Bytes(record.outcome),
             Literal::Int(record.ttl_ms),
@@ -158,13 +363,15 @@ pub(crate) fn commit(complete: &str, record: &Completed<'_>) -> String {
             Literal::Bytes(record.owner),
         ],
     );
-    out.push_str(
-        "; SET @idem_completed = \
-         (SELECT 1 FROM DUAL UNION ALL SELECT 2 FROM DUAL WHERE ROW_COUNT() <> 1); \
-         COMMIT",
-    );
+    out.push_str("; SET ");
+    out.push_str(CHECK);
+    out.push_str("; COMMIT");
     out
 }
+
+/// The check after the completion, an assignment of a `SET` ([`commit`]).
+const CHECK: &str = "@idem_completed = \
+     (SELECT 1 FROM DUAL UNION ALL SELECT 2 FROM DUAL WHERE ROW_COUNT() <> 1)";
 
 #[cfg(test)]
 mod tests {
@@ -181,20 +388,107 @@ mod tests {
     }
 
     #[test]
-    fn values_go_where_the_parameters_are() {
+    fn assignments_are_comma_separated() {
         let mut out = String::new();
-        push_with(
+        push_set(
             &mut out,
-            "UPDATE t SET a = ?, b = ? WHERE k = ?",
             &[
-                Literal::Int(-3),
-                Literal::Text("é'"),
-                Literal::Bytes(&[1, 255]),
+                (LOCK_WAIT, Literal::Int(-3)),
+                ("@a", Literal::Text("é'")),
+                ("@b", Literal::Bytes(&[1, 255])),
             ],
         );
         assert_eq!(
             out,
-            "UPDATE t SET a = -3, b = CONVERT(X'c3a927' USING utf8mb4) WHERE k = X'01ff'"
+            "SET SESSION innodb_lock_wait_timeout = -3, \
+             @a = CONVERT(X'c3a927' USING utf8mb4), @b = X'01ff'"
         );
+    }
+
+    #[test]
+    fn statements_are_prepared_as_string_literals() {
+        let q = Queries {
+            claim: "INSERT INTO t VALUES (?, 'I')".into(),
+            select: "SELECT a FROM t WHERE k = ?".into(),
+            complete: "UPDATE t SET s = 'C' WHERE k = ?".into(),
+            release: "".into(),
+            renew: "".into(),
+            purge: "".into(),
+            table: "t".into(),
+            mariadb: std::sync::OnceLock::new(),
+        };
+        assert_eq!(
+            prepare(&q, Server::MySql, "EXECUTE idem1_select_t USING @idem_hash"),
+            "PREPARE idem1_claim_t FROM 'INSERT INTO t VALUES (?, ''I'')'; \
+             PREPARE idem1_select_t FROM 'SELECT a FROM t WHERE k = ?'; \
+             PREPARE idem1_complete_t FROM 'UPDATE t SET s = ''C'' WHERE k = ?'; \
+             EXECUTE idem1_select_t USING @idem_hash"
+        );
+    }
+
+    #[test]
+    fn mariadb_from_10_5_takes_its_own_scripts() {
+        for (version, server) in [
+            ("10.11.19-MariaDB-0+deb12u1", Server::MariaDb),
+            ("10.5.0-MariaDB", Server::MariaDb),
+            ("11.4.2-MariaDB-log", Server::MariaDb),
+            ("10.4.34-MariaDB", Server::MySql),
+            ("8.0.36", Server::MySql),
+            ("8.4.0-commercial", Server::MySql),
+            ("", Server::MySql),
+        ] {
+            assert_eq!(Server::of(version), server, "{version}");
+        }
+    }
+
+    #[test]
+    fn mariadb_claims_execute_their_values() {
+        let q = Queries {
+            claim: "".into(),
+            select: "".into(),
+            complete: "".into(),
+            release: "".into(),
+            renew: "".into(),
+            purge: "".into(),
+            table: "t".into(),
+            mariadb: std::sync::OnceLock::new(),
+        };
+        let (hash, owner) = ([1; 32], idem_core::OwnerToken::generate());
+        let fingerprint = idem_core::Fingerprint::from_bytes([2; 32]);
+        let args = ClaimArgs {
+            key_hash: &hash,
+            key: "k'",
+            fingerprint: &fingerprint,
+            owner: &owner,
+            lease_ms: 30_000,
+        };
+        let script = claim_mariadb(&q, &args, 7);
+        let owner_hex = bytes(owner.as_bytes());
+        assert_eq!(
+            script,
+            format!(
+                "SET SESSION innodb_lock_wait_timeout = 7; EXECUTE idem1_claimr_t USING {}, \
+                 CONVERT(X'6b27' USING utf8mb4), {owner_hex}, {}, 30000",
+                bytes(&hash),
+                bytes(&[2; 32]),
+            )
+        );
+        let commit = commit_mariadb(
+            &q,
+            &Completed {
+                key_hash: &hash,
+                owner: owner.as_bytes(),
+                outcome: b"o",
+                ttl_ms: 5,
+            },
+        );
+        assert!(
+            commit.starts_with(&format!(
+                "EXECUTE idem1_complete_t USING X'6f', 5, {}, {owner_hex}; SET @idem_completed",
+                bytes(&hash)
+            )),
+            "{commit}"
+        );
+        assert!(commit.ends_with("; COMMIT"), "{commit}");
     }
 }

@@ -7,8 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::postgres::PgConnection;
-use sqlx::{AssertSqlSafe, Postgres, Row};
+use sqlx::postgres::{PgConnection, PgRow, PgValueFormat};
+use sqlx::{AssertSqlSafe, Postgres, Row, ValueRef};
 
 mod literal;
 mod script;
@@ -17,8 +17,7 @@ mod session;
 pub use literal::inline;
 
 use super::dialect::{
-    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, Value, has_code, record_row, run_migrations,
-    sealed,
+    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, Value, has_code, run_migrations, sealed,
 };
 use idem_core::OwnerToken;
 use session::Statement;
@@ -142,6 +141,7 @@ impl Dialect for Postgres {
             )
             .into(),
             table: table.into(),
+            mariadb: std::sync::OnceLock::new(),
         }
     }
 
@@ -207,7 +207,7 @@ impl Dialect for Postgres {
         key_hash: &[u8; 32],
     ) -> Result<Option<RecordRow>, sqlx::Error> {
         let answered = session::run(conn, q, Statement::Read, &[Value::Bytes(key_hash)]).await?;
-        answered.rows.first().map(record_row).transpose()
+        answered.rows.first().map(pg_record_row).transpose()
     }
 
     async fn complete(
@@ -323,7 +323,7 @@ impl Dialect for Postgres {
             return Ok(ClaimStep::Locked);
         }
         Ok(ClaimStep::under_lock(
-            rows.get(1).map(record_row).transpose()?,
+            rows.get(1).map(pg_record_row).transpose()?,
         ))
     }
 
@@ -424,6 +424,46 @@ async fn lock_until_commit(conn: &mut PgConnection, name: String) -> Result<(), 
         .execute(&mut *conn)
         .await
         .map(drop)
+}
+
+/// A claim's row as the other databases' `record_row` reads it, its bytes
+/// decoded here:
+/// a simple query answers `bytea` as text, `\\x` and two hexadecimal
+/// digits a byte (`hex_digits::decode`).
+fn pg_record_row(row: &PgRow) -> Result<RecordRow, sqlx::Error> {
+    Ok(RecordRow {
+        state: row.try_get(0)?,
+        owner: bytes(row, 1)?,
+        fingerprint: bytes(row, 2)?.ok_or_else(|| decode_error(2, "NULL"))?,
+        outcome: bytes(row, 3)?,
+        ms_left: row.try_get(4)?,
+    })
+}
+
+/// Column `index` of `row`, a `bytea` in either format; `None` if NULL.
+fn bytes(row: &PgRow, index: usize) -> Result<Option<Vec<u8>>, sqlx::Error> {
+    let value = row.try_get_raw(index)?;
+    if value.is_null() {
+        return Ok(None);
+    }
+    let raw = value
+        .as_bytes()
+        .map_err(|e| decode_error(index, &e.to_string()))?;
+    match value.format() {
+        PgValueFormat::Binary => Ok(Some(raw.to_vec())),
+        PgValueFormat::Text => raw
+            .strip_prefix(b"\\x")
+            .and_then(crate::hex_digits::decode)
+            .map(Some)
+            .ok_or_else(|| decode_error(index, "not a bytea's hexadecimal text")),
+    }
+}
+
+fn decode_error(index: usize, what: &str) -> sqlx::Error {
+    sqlx::Error::ColumnDecode {
+        index: index.to_string(),
+        source: what.into(),
+    }
 }
 
 /// The advisory lock id of a key: the first 8 bytes of its hash.

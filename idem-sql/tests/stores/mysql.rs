@@ -14,6 +14,25 @@ use crate::common::{mysql, on_a_slow_table};
 idem_core::store_conformance_tests!(crate::common::mysql());
 idem_sql::transactional_conformance_tests!(crate::common::mysql());
 
+/// The transactional suite again with MySQL's scripts, which a MariaDB
+/// from 10.5 does not get by itself (`mysql/script.rs`), on a table of its
+/// own (a purge deletes whatever expired in its table).
+mod portable_scripts {
+    async fn store() -> Option<idem_sql::MySqlStore> {
+        let shared = crate::common::mysql().await?;
+        let store = idem_sql::MySqlStore::builder(shared.pool().clone())
+            .table("idem_test_portable_records")
+            .lock_timeout(crate::common::LOCK_TIMEOUT)
+            .build()
+            .unwrap();
+        store.migrate().await.expect("migrate");
+        store.portable_scripts_for_tests();
+        Some(store)
+    }
+
+    idem_sql::transactional_conformance_tests!(store());
+}
+
 /// A transactional claim runs with no lock wait, which is a session
 /// variable of the pooled connection. Every path must set it back: here a
 /// duplicate told "in flight" leaves its (only) connection waiting the
@@ -153,4 +172,91 @@ async fn transactional_commit_over_a_row_not_its_own_commits_nothing() {
             .await
             .unwrap();
     assert_eq!(effects, 0, "nothing of the handler's committed");
+}
+
+/// A transactional claim runs the claim, its read and the completion as
+/// statements its connection prepared (`mysql/script.rs`). A connection
+/// that lost them (here deallocated, before the claim and again between
+/// the claim and its commit, as a session reset would) prepares them again
+/// in the same query, and the claim and its commit go through; the user
+/// variable that carried the stored response is emptied after the commit.
+/// With MariaDB's scripts and with MySQL's.
+#[tokio::test]
+async fn transactional_claims_prepare_again_what_their_connection_lost() {
+    let Some(shared) = mysql().await else {
+        return;
+    };
+    let one = MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(&mysql_url())
+        .await
+        .expect("MariaDB");
+    for portable in [false, true] {
+        let store = MySqlStore::builder(one.clone())
+            .table(shared.table())
+            .build()
+            .unwrap();
+        if portable {
+            store.portable_scripts_for_tests();
+        }
+        prepare_again(&store, &one).await;
+    }
+}
+
+/// A claim and a commit on `store`, whose pool is `one` connection, with
+/// the statements deallocated before and in between, twice.
+async fn prepare_again(store: &MySqlStore, one: &idem_sql::sqlx::MySqlPool) {
+    use idem_core::{Outcome, StoredResponse};
+    use idem_sql::TxSlot;
+    use idem_sql::sqlx::{self, MySql};
+
+    let fp = Fingerprint::from_bytes([4; 32]);
+    let deallocate = |what: &str| {
+        sqlx::AssertSqlSafe(format!("DEALLOCATE PREPARE idem1_{what}_{}", store.table()))
+    };
+    let outcome = Outcome::Response(StoredResponse::new(
+        http::StatusCode::CREATED,
+        http::HeaderMap::new(),
+        "prepared again",
+    ));
+    for round in 0..2 {
+        let key = fresh_key("prepare-again");
+        let claim = store
+            .claim_in_transaction(&key, &fp, Duration::from_secs(30), OwnerToken::generate())
+            .await
+            .expect("MySQL answers");
+        let TxClaim::Open(tx) = claim else {
+            panic!("round {round}: a fresh key is claimed");
+        };
+        {
+            let handle = tx.handle();
+            let mut guard = handle.get::<TxSlot<MySql>>().unwrap().lock().await;
+            let conn = &mut **guard.as_mut().unwrap();
+            sqlx::raw_sql(deallocate("complete"))
+                .execute(&mut *conn)
+                .await
+                .expect("the completion was prepared by the claim");
+        }
+        tx.commit(&outcome, Duration::from_secs(600))
+            .await
+            .expect("the commit prepares the completion again");
+        let again = store
+            .claim_in_transaction(&key, &fp, Duration::from_secs(30), OwnerToken::generate())
+            .await
+            .expect("MySQL answers");
+        assert!(
+            matches!(&again, TxClaim::Duplicate(Duplicate::Replay(o)) if *o == outcome),
+            "round {round}: {again:?}"
+        );
+        let emptied: bool = sqlx::query_scalar("SELECT @idem_outcome IS NULL")
+            .fetch_one(one)
+            .await
+            .unwrap();
+        assert!(emptied, "the stored response left in a session variable");
+        // Each server's scripts prepare some of these and not the others:
+        // deallocating one the session lacks fails.
+        for what in ["claim", "claimr", "select", "complete"] {
+            let _ = sqlx::raw_sql(deallocate(what)).execute(one).await;
+        }
+    }
 }

@@ -11,7 +11,8 @@
 //! PostgreSQL more than the same handler without idem, counted on the wire
 //! (`idem_test_support::round_trips`); on MySqlStore, one more to
 //! MySQL/MariaDB while the request runs, and sqlx's ROLLBACK of nothing
-//! when the connection goes back to the pool.
+//! when the connection goes back to the pool; its long statements
+//! prepared once per connection, not per request.
 
 use idem_app::orders::App;
 use idem_tests::Harness;
@@ -305,6 +306,7 @@ async fn a_mysql_transactional_first_request_costs_one_round_trip_more_than_with
             .expect("a count")
     };
     orders.warm_up(&nonce).await;
+    let sql_before = prepared_sql(&pool).await;
 
     let before = trips.settled().await;
     assert_eq!(send("/bare", format!("{nonce}-bare")).await, (201, false));
@@ -324,11 +326,26 @@ async fn a_mysql_transactional_first_request_costs_one_round_trip_more_than_with
     assert_eq!(send("/idem", format!("{nonce}-first")).await, (201, true));
     let duplicate = trips.settled().await - before;
     assert_eq!(rows().await - rows_before, 1, "one order for the key");
+    let (prepared, executed) = prepared_sql(&pool).await;
+    let (prepared, executed) = (prepared - sql_before.0, executed - sql_before.1);
 
     eprintln!(
         "round trips to MySQL: bare {bare}, first request {first} \
-         ({rollbacks} of them sqlx's ROLLBACK once committed), duplicate {duplicate}"
+         ({rollbacks} of them sqlx's ROLLBACK once committed), duplicate {duplicate}; \
+         statements prepared {prepared}, executed {executed}"
     );
+    // The claim's statements were prepared on the connection by the
+    // warm-up, and are only executed since (`mysql/script.rs`): on MySQL
+    // the upsert, its read and the completion for the first request, the
+    // upsert and the read for the duplicate; on MariaDB from 10.5 the
+    // upsert that answers the row, and the completion.
+    let version: String = sqlx::query_scalar("SELECT VERSION()")
+        .fetch_one(&pool)
+        .await
+        .expect("the server's version");
+    let expected = if returns_rows(&version) { 3 } else { 5 };
+    assert_eq!(prepared, 0, "no statement prepared again per request");
+    assert_eq!(executed, expected, "the claim's statements, executed");
     // The claim's row, the session's lock wait and the read back go in one
     // round trip, the completion with COMMIT in another; sqlx's handle,
     // which counts its transaction open still, sends a ROLLBACK of nothing
@@ -339,6 +356,38 @@ async fn a_mysql_transactional_first_request_costs_one_round_trip_more_than_with
         bare + 1,
         "a first request: the bare endpoint's round trips and one"
     );
+}
+
+/// The statements the one connection of `pool` has prepared and executed
+/// with SQL's `PREPARE` and `EXECUTE` so far (its session's
+/// `Com_prepare_sql`, `Com_execute_sql`).
+async fn prepared_sql(pool: &MySqlPool) -> (u64, u64) {
+    let rows: Vec<(String, String)> = sqlx::query_as(
+        "SHOW SESSION STATUS WHERE Variable_name IN ('Com_prepare_sql', 'Com_execute_sql')",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("the session's status");
+    let count = |name: &str| {
+        rows.iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .and_then(|(_, v)| v.parse().ok())
+            .expect("a count")
+    };
+    (count("Com_prepare_sql"), count("Com_execute_sql"))
+}
+
+/// Whether a server of `version` (its `VERSION()`) is a MariaDB from
+/// 10.5, whose upsert answers the row it leaves (`INSERT ... RETURNING`).
+fn returns_rows(version: &str) -> bool {
+    let Some(at) = version.find("-MariaDB") else {
+        return false;
+    };
+    let mut numbers = version[..at].split('.').map(|n| n.parse::<u32>().ok());
+    matches!(
+        (numbers.next().flatten(), numbers.next().flatten()),
+        (Some(major), Some(minor)) if (major, minor) >= (10, 5)
+    )
 }
 
 /// The round-trip tests' app served on loopback, and its client.
