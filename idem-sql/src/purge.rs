@@ -199,11 +199,16 @@ impl<DB: Dialect> SqlStore<DB> {
         let mut total = 0;
         loop {
             let (mut conn, _turn) = self.purge_slot(turn_timeout).await?;
-            let (deleted, full) = self
+            let Batch {
+                deleted,
+                full,
+                points,
+            } = self
                 .purge_batch(&mut conn, batch)
                 .await
                 .map_err(unavailable)?;
             total += deleted;
+            points.map_err(unavailable)?;
             if !full {
                 return Ok(total);
             }
@@ -309,26 +314,35 @@ impl<DB: Dialect> SqlStore<DB> {
                     return PassEnd::Done;
                 }
             };
-            match self.purge_batch(&mut conn, batch).await {
-                Ok((deleted, full)) => {
+            let error = match self.purge_batch(&mut conn, batch).await {
+                Ok(Batch {
+                    deleted,
+                    full,
+                    points,
+                }) => {
+                    // The records' rows are gone whatever the points'
+                    // statement did after them: counted first.
                     purged.fetch_add(deleted, Ordering::Relaxed);
                     pass += deleted;
-                    if !full {
-                        if pass > 0 {
-                            tracing::debug!(%table, rows = pass, "purged expired idempotency records");
+                    match points {
+                        Ok(()) if full => continue,
+                        Ok(()) => {
+                            if pass > 0 {
+                                tracing::debug!(%table, rows = pass, "purged expired idempotency records");
+                            }
+                            return PassEnd::Done;
                         }
-                        return PassEnd::Done;
+                        Err(error) => error,
                     }
                 }
-                Err(error) if DB::is_lock_timeout(&error) => {
-                    tracing::debug!(%table, %error, "purging expired idempotency records met a lock; trying again next period");
-                    return PassEnd::Done;
-                }
-                Err(error) => {
-                    tracing::warn!(%table, %error, "purging expired idempotency records failed; trying again next period");
-                    return PassEnd::Done;
-                }
+                Err(error) => error,
+            };
+            if DB::is_lock_timeout(&error) {
+                tracing::debug!(%table, %error, "purging expired idempotency records met a lock; trying again next period");
+            } else {
+                tracing::warn!(%table, %error, "purging expired idempotency records failed; trying again next period");
             }
+            return PassEnd::Done;
         }
     }
 
@@ -350,20 +364,43 @@ impl<DB: Dialect> SqlStore<DB> {
     }
 
     /// One batch: deletes up to `batch` expired records, then up to `batch`
-    /// expired recovery points (`points.rs`), and counts them: the
-    /// records deleted, and whether either filled its batch (then the pass
-    /// goes on).
+    /// expired recovery points (`points.rs`), and counts them. The records'
+    /// statement commits on its own, so its count stands even when the
+    /// points' statement fails after it (on SQLite, another purger's
+    /// statement holding the write lock): that error comes back in
+    /// [`Batch::points`].
     async fn purge_batch(
         &self,
         conn: &mut DB::Connection,
         batch: u32,
-    ) -> Result<(u64, bool), sqlx::Error> {
+    ) -> Result<Batch, sqlx::Error> {
         let deleted = DB::purge(conn, &self.inner.queries, self.table(), i64::from(batch)).await?;
         metrics::counter!(PURGED).increment(deleted);
-        let points = self.purge_points(conn, i64::from(batch)).await?;
-        metrics::counter!(POINTS_PURGED).increment(points);
-        Ok((deleted, deleted.max(points) >= u64::from(batch)))
+        let mut full = deleted >= u64::from(batch);
+        let points = match self.purge_points(conn, i64::from(batch)).await {
+            Ok(points) => {
+                metrics::counter!(POINTS_PURGED).increment(points);
+                full |= points >= u64::from(batch);
+                Ok(())
+            }
+            Err(error) => Err(error),
+        };
+        Ok(Batch {
+            deleted,
+            full,
+            points,
+        })
     }
+}
+
+/// What one batch of the purge did.
+struct Batch {
+    /// Expired records deleted.
+    deleted: u64,
+    /// Whether either statement filled its batch: then the pass goes on.
+    full: bool,
+    /// How the recovery points' statement, run after the records', ended.
+    points: Result<(), sqlx::Error>,
 }
 
 /// `rows` as a batch size: between 1 and [`PurgeOptions::MAX_BATCH`].
