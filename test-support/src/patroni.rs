@@ -227,6 +227,59 @@ impl Patroni {
         }
     }
 
+    /// Waits until every other node has replayed all that node `primary`
+    /// has written so far (its WAL position now), and says how long that
+    /// took. A scenario that cuts or promotes a standby calls it once its
+    /// schema and setup are written: on a loaded machine a standby lags by
+    /// seconds, and one promoted before it replayed the schema serves a
+    /// database without the app's tables.
+    ///
+    /// # Panics
+    ///
+    /// If they do not within `within`.
+    pub async fn wait_caught_up(&self, primary: usize, within: Duration) -> Duration {
+        use sqlx::{Connection, PgConnection};
+
+        let started = Instant::now();
+        let url = |i: usize| {
+            format!(
+                "postgres://postgres@127.0.0.1:{}/postgres",
+                self.nodes[i].postgres
+            )
+        };
+        let mut on_primary = PgConnection::connect(&url(primary))
+            .await
+            .unwrap_or_else(|err| panic!("{}: {err}", self.nodes[primary].name));
+        let written: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+            .fetch_one(&mut on_primary)
+            .await
+            .expect("the primary's WAL position");
+        for i in (0..self.nodes.len()).filter(|&i| i != primary) {
+            let mut standby = PgConnection::connect(&url(i))
+                .await
+                .unwrap_or_else(|err| panic!("{}: {err}", self.nodes[i].name));
+            loop {
+                let replayed: bool = sqlx::query_scalar(
+                    "SELECT coalesce(pg_last_wal_replay_lsn() >= $1::pg_lsn, false)",
+                )
+                .bind(&written)
+                .fetch_one(&mut standby)
+                .await
+                .expect("the standby's replay position");
+                if replayed {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < within,
+                    "{} had not replayed {written} within {within:?}",
+                    self.nodes[i].name
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        started.elapsed()
+    }
+
     async fn any_synchronous_standby(&self) -> bool {
         for node in &self.nodes {
             let answer = reqwest::Client::new()

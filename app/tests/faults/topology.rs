@@ -153,6 +153,10 @@ async fn patroni(
     let haproxy = HaProxy::start(&cluster.backends()).await?;
     let redis = RedisServer::start(&[])?;
     let apps = Arc::new(Apps::start(&haproxy.url(), Some(&redis.url()), INSTANCES).await);
+    // The standby has the app's tables before any fault: promoted without
+    // them, it would answer every request with an error until the
+    // workload gave up (seen under load, in CI's run beside the checks).
+    let caught_up = cluster.wait_caught_up(0, Duration::from_secs(60)).await;
     let start = Instant::now();
     let load = load_of(20, 30);
     let mut report = drive(name, &haproxy.url(), apps, load, async {
@@ -199,8 +203,9 @@ async fn patroni(
         let recovered = injected.elapsed();
         Healed {
             notes: format!(
-                "{what}; {} primary {:.1} s after it, HAProxy routing to it {:.1} s after it \
-                 ({:.1} s after the promotion)",
+                "standby caught up with the schema in {:.1} s; {what}; {} primary {:.1} s after \
+                 it, HAProxy routing to it {:.1} s after it ({:.1} s after the promotion)",
+                caught_up.as_secs_f64(),
                 cluster.name(1),
                 promoted.as_secs_f64(),
                 recovered.as_secs_f64(),
