@@ -39,99 +39,130 @@ pub(crate) type Run =
 pub(crate) struct Scenario {
     pub(crate) name: &'static str,
     pub(crate) what: &'static str,
+    /// The lane it runs in ([`LANES`]).
+    pub(crate) lane: usize,
     pub(crate) run: Run,
 }
 
-/// The suite, in the order it runs.
+/// The suite runs in two lanes at once, each its scenarios one after
+/// another on a PostgreSQL of the lane's own: a scenario mostly waits (on
+/// its timeline, on servers starting, on clients' timeouts), so two side by
+/// side take about half the wall time and stay far from the load the suite
+/// holds under (docs/development.md, "Tests that hold under load"). Lane 0
+/// has the faults of single servers and Redis Cluster's; lane 1 Patroni's
+/// and the partitions, which alone make network namespaces (their hosts
+/// pick free indices one scenario at a time). `--test-threads=1` runs the
+/// lanes one after the other, for figures without a neighbour.
+pub(crate) const LANES: usize = 2;
+
+/// The suite, in the table's order; each lane runs its own in this order.
 pub(crate) const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "no-fault",
         what: "the baseline: the same workload, nothing injected",
+        lane: 0,
         run: |pg| Box::pin(no_fault(pg)),
     },
     Scenario {
         name: "redis-failover",
         what: "replication cut, the primary killed, Sentinel promotes the stale replica",
+        lane: 0,
         run: |pg| Box::pin(redis_failover(pg)),
     },
     Scenario {
         name: "redis-restart",
         what: "Redis killed and started again empty (no persistence)",
+        lane: 0,
         run: |pg| Box::pin(redis_restart(pg)),
     },
     Scenario {
         name: "postgres-restart",
         what: "PostgreSQL crashes (stop -m immediate) and is started again 4.5 s later",
+        lane: 0,
         run: |pg| Box::pin(postgres_restart(pg)),
     },
     Scenario {
         name: "pgbouncer-restart",
         what: "the instances through PgBouncer in transaction pooling, killed (kill -9) and started again 3.5 s later",
+        lane: 0,
         run: |pg| Box::pin(pgbouncer_restart(pg)),
     },
     Scenario {
         name: "kill-instances",
         what: "kill -9 of one orders instance every 2 s, started again",
+        lane: 0,
         run: |pg| Box::pin(kill_instances(pg)),
     },
     Scenario {
         name: "slow-and-cut-connections",
         what: "proxies before PostgreSQL and Redis: latency, resets, dropped answers",
+        lane: 0,
         run: |pg| Box::pin(slow_and_cut_connections(pg)),
     },
     Scenario {
         name: "mixed",
         what: "all at once: failover, PostgreSQL crash, instance kills, a faulty proxy",
+        lane: 0,
         run: |pg| Box::pin(mixed(pg)),
     },
     Scenario {
         name: "redis-cluster-kill",
         what: "a Redis Cluster primary killed (kill -9) mid-load, its replica promoted",
+        lane: 0,
         run: |pg| Box::pin(topology::redis_cluster_kill(pg)),
     },
     Scenario {
         name: "redis-cluster-failover",
         what: "CLUSTER FAILOVER of two shards while writes go on",
+        lane: 0,
         run: |pg| Box::pin(topology::redis_cluster_failover(pg)),
     },
     Scenario {
         name: "patroni-crash-sync",
         what: "Patroni, synchronous: the primary's node crashed (Patroni and PostgreSQL kill -9), the standby promoted",
+        lane: 1,
         run: |pg| Box::pin(topology::patroni_crash_sync(pg)),
     },
     Scenario {
         name: "patroni-switchover-sync",
         what: "Patroni, synchronous: a planned switchover to the standby",
+        lane: 1,
         run: |pg| Box::pin(topology::patroni_switchover_sync(pg)),
     },
     Scenario {
         name: "patroni-crash-async",
         what: "Patroni, asynchronous: the standby cut off 2 s, then the primary's node crashed and the stale standby promoted",
+        lane: 1,
         run: |pg| Box::pin(topology::patroni_crash_async(pg)),
     },
     Scenario {
         name: "partition-postgres",
         what: "each instance on a host of its own; one cut from PostgreSQL for 5 s (iptables DROP)",
+        lane: 1,
         run: |pg| Box::pin(topology::partition_postgres(pg)),
     },
     Scenario {
         name: "partition-redis",
         what: "each instance on a host of its own; one cut from Redis for 5 s",
+        lane: 1,
         run: |pg| Box::pin(topology::partition_redis(pg)),
     },
     Scenario {
         name: "partition-clients",
         what: "each instance on a host of its own; one cut from its clients for 5 s",
+        lane: 1,
         run: |pg| Box::pin(topology::partition_clients(pg)),
     },
     Scenario {
         name: "partition-plain-short",
         what: "plain mode (2 s lease): one instance cut from both stores for 0.5 s, shorter than a lease",
+        lane: 1,
         run: |pg| Box::pin(topology::partition_plain_short(pg)),
     },
     Scenario {
         name: "partition-plain-long",
         what: "plain mode (2 s lease): one instance cut from both stores for 6 s, longer than a lease",
+        lane: 1,
         run: |pg| Box::pin(topology::partition_plain_long(pg)),
     },
 ];
