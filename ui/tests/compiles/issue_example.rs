@@ -74,7 +74,8 @@ async fn create_order(
     ))
 }
 
-fn main() {
+#[test]
+fn builds_its_router() {
     let idem = Idempotency::builder(MemoryStore::new())
         .tenant(Resolver::header("x-tenant-id"))
         .user(Resolver::header("authorization"))

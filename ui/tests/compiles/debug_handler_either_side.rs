@@ -44,7 +44,8 @@ async fn no_arguments() -> &'static str {
     "done"
 }
 
-fn main() {
+#[test]
+fn builds_its_router() {
     let state = AppState {
         idem: Idempotency::new(MemoryStore::new()),
     };

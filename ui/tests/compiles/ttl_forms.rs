@@ -37,7 +37,8 @@ async fn debit() -> StatusCode {
     StatusCode::CREATED
 }
 
-fn main() {
+#[test]
+fn builds_its_router() {
     let _app: Router = Router::new()
         .route("/charges", post(charge))
         .route("/grants", post(grant))

@@ -39,7 +39,8 @@ async fn idem(_idem: Idempotency) -> &'static str {
     "idem"
 }
 
-fn main() {
+#[test]
+fn builds_its_router() {
     let _app: Router = Router::new()
         .route("/a/{id}", post(request))
         .route("/b", post(state))

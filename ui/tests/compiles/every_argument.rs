@@ -50,7 +50,8 @@ async fn untouched() -> &'static str {
     "not idempotent"
 }
 
-fn main() {
+#[test]
+fn builds_its_router() {
     let _app: Router = Router::new()
         .route("/payments/{payment_no}", put(pay))
         .route("/refunds", post(refund))

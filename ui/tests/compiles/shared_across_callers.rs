@@ -20,7 +20,8 @@ async fn refund(Path(payment_no): Path<String>) -> String {
     payment_no
 }
 
-fn main() {
+#[test]
+fn builds_its_router() {
     let _app: Router = Router::new()
         .route("/payments/{payment_no}/callback", post(callback))
         .route("/payments/{payment_no}/refund", post(refund))
