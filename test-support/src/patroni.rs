@@ -148,6 +148,32 @@ impl Patroni {
         &self.nodes[i].link
     }
 
+    /// A URL of node `i`'s PostgreSQL itself (not through HAProxy), on
+    /// its `postgres` database.
+    pub fn url(&self, i: usize) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{}/postgres",
+            self.nodes[i].postgres
+        )
+    }
+
+    /// How far node `i`'s WAL goes, in bytes from the start: a primary's
+    /// written position, a standby's received one (what it replays before
+    /// it is promoted). `None` if the node does not answer.
+    pub async fn wal_position(&self, i: usize) -> Option<i64> {
+        use sqlx::{Connection, PgConnection};
+
+        let mut node = PgConnection::connect(&self.url(i)).await.ok()?;
+        sqlx::query_scalar(
+            "SELECT (CASE WHEN pg_is_in_recovery() \
+                THEN coalesce(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()) \
+                ELSE pg_current_wal_lsn() END - '0/0'::pg_lsn)::bigint",
+        )
+        .fetch_one(&mut node)
+        .await
+        .ok()
+    }
+
     /// Node `i`'s name (`node0`, ...).
     pub fn name(&self, i: usize) -> &str {
         &self.nodes[i].name
@@ -241,12 +267,7 @@ impl Patroni {
         use sqlx::{Connection, PgConnection};
 
         let started = Instant::now();
-        let url = |i: usize| {
-            format!(
-                "postgres://postgres@127.0.0.1:{}/postgres",
-                self.nodes[i].postgres
-            )
-        };
+        let url = |i: usize| self.url(i);
         let mut on_primary = PgConnection::connect(&url(primary))
             .await
             .unwrap_or_else(|err| panic!("{}: {err}", self.nodes[primary].name));

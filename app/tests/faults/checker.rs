@@ -88,15 +88,18 @@ pub(crate) struct LossWindow {
 }
 
 impl LossWindow {
-    /// Whether the first acknowledgement among `answers` came within it
-    /// (later ones may be the gate's replays of the lost record).
+    /// Whether the acknowledgements among `answers` are those of a run
+    /// lost in the window: the first came within it (later ones may be the
+    /// gate's replays of the lost record), or every one is such a replay,
+    /// the first after the window opened (the run's own answer went down
+    /// with the primary, and its client, retrying, met the gate's record
+    /// after the failover).
     fn holds(&self, answers: &[&Answer], acknowledges: impl Fn(&Answer) -> bool) -> bool {
-        let first = answers
-            .iter()
-            .filter(|a| acknowledges(a))
-            .map(|a| a.at)
-            .min();
-        first.is_some_and(|at| self.from <= at && at <= self.to)
+        let acknowledgements: Vec<&&Answer> = answers.iter().filter(|a| acknowledges(a)).collect();
+        let Some(first) = acknowledgements.iter().map(|a| a.at).min() else {
+            return false;
+        };
+        self.from <= first && (first <= self.to || acknowledgements.iter().all(|a| a.replayed))
     }
 }
 

@@ -7,6 +7,7 @@
 //! form, a longer load, with `IDEM_FAULTS_FULL=1`.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::apps::{Apps, Launch};
@@ -178,23 +179,42 @@ async fn patroni(
                 (asked, what, None)
             }
             PatroniFault::CrashBehind => {
+                // Where node0's WAL stood, sampled from the start: the
+                // loss window opens at the last sample node1 had received
+                // when it was cut off. A commit acknowledged before that
+                // sample is on node1; one after it may be lost. (A fixed
+                // guess of node1's lag, 1 s, fell short on a loaded
+                // machine.)
+                let sampling = Arc::new(AtomicBool::new(true));
+                let samples = tokio::spawn(wal_samples(cluster.url(0), sampling.clone()));
                 at(start, 3.0).await;
                 cluster.link(0).set(Mode::Cut);
-                // A commit acknowledged shortly before the cut may not
-                // have been streamed yet: an asynchronous standby on a
-                // loaded machine lags by hundreds of milliseconds.
-                let cut = Instant::now() - Duration::from_secs(1);
+                let cut = Instant::now();
                 at(start, 5.0).await;
+                sampling.store(false, Ordering::Relaxed);
+                let received = cluster.wal_position(1).await.expect("node1's WAL position");
+                let samples = samples.await.expect("node0's WAL samples");
                 cluster.crash(0);
                 let crashed = Instant::now();
-                let what = "node0's replication to node1 cut at t=3 s, node0 crashed at t=5 s";
+                let from = samples
+                    .iter()
+                    .filter(|(_, position)| *position <= received)
+                    .map(|(at, _)| *at)
+                    .max()
+                    .unwrap_or(start);
+                let what = format!(
+                    "node0's replication to node1 cut at t=3 s, node0 crashed at t=5 s; node1 had \
+                     node0's WAL as of {:.2} s before the cut ({} samples)",
+                    cut.saturating_duration_since(from).as_secs_f64(),
+                    samples.len(),
+                );
                 // An answer node0 sent before it died may be read just
                 // after; node1 is promoted seconds later.
                 let window = LossWindow {
-                    from: cut,
+                    from,
                     to: crashed + Duration::from_secs(1),
                 };
-                (crashed, what.to_owned(), Some(window))
+                (crashed, what, Some(window))
             }
         };
         cluster.wait_for_role(1, "primary", within).await;
@@ -446,4 +466,27 @@ async fn partition_plain(name: &'static str, pg: &Postgres, cut_for: f64) -> Opt
         report.verdict.doubles
     ));
     Some(report)
+}
+
+/// Samples the WAL position of the PostgreSQL at `url` every 50 ms while
+/// `sampling` holds: when each sample was asked for, and the position.
+async fn wal_samples(url: String, sampling: Arc<AtomicBool>) -> Vec<(Instant, i64)> {
+    use idem_tower::sql::sqlx::{self, Connection, PgConnection};
+
+    let mut samples = Vec::new();
+    let Ok(mut primary) = PgConnection::connect(&url).await else {
+        return samples;
+    };
+    while sampling.load(Ordering::Relaxed) {
+        let asked = Instant::now();
+        let position: Result<i64, _> =
+            sqlx::query_scalar("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint")
+                .fetch_one(&mut primary)
+                .await;
+        if let Ok(position) = position {
+            samples.push((asked, position));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    samples
 }
