@@ -164,14 +164,7 @@ impl Patroni {
         use sqlx::{Connection, PgConnection};
 
         let mut node = PgConnection::connect(&self.url(i)).await.ok()?;
-        sqlx::query_scalar(
-            "SELECT (CASE WHEN pg_is_in_recovery() \
-                THEN coalesce(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()) \
-                ELSE pg_current_wal_lsn() END - '0/0'::pg_lsn)::bigint",
-        )
-        .fetch_one(&mut node)
-        .await
-        .ok()
+        wal_position(&mut node).await
     }
 
     /// Node `i`'s name (`node0`, ...).
@@ -422,4 +415,18 @@ postgresql:
         dir = c.dir,
         bin = c.bin,
     )
+}
+
+/// How far the WAL of the server on `node` goes, in bytes from the start:
+/// a primary's written position, a standby's received one. `None` if the
+/// query fails.
+pub async fn wal_position(node: &mut sqlx::PgConnection) -> Option<i64> {
+    sqlx::query_scalar(
+        "SELECT (CASE WHEN pg_is_in_recovery() \
+            THEN coalesce(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()) \
+            ELSE pg_current_wal_lsn() END - '0/0'::pg_lsn)::bigint",
+    )
+    .fetch_one(node)
+    .await
+    .ok()
 }

@@ -471,7 +471,7 @@ async fn partition_plain(name: &'static str, pg: &Postgres, cut_for: f64) -> Opt
 /// Samples the WAL position of the PostgreSQL at `url` every 50 ms while
 /// `sampling` holds: when each sample was asked for, and the position.
 async fn wal_samples(url: String, sampling: Arc<AtomicBool>) -> Vec<(Instant, i64)> {
-    use idem_tower::sql::sqlx::{self, Connection, PgConnection};
+    use idem_tower::sql::sqlx::{Connection, PgConnection};
 
     let mut samples = Vec::new();
     let Ok(mut primary) = PgConnection::connect(&url).await else {
@@ -479,11 +479,7 @@ async fn wal_samples(url: String, sampling: Arc<AtomicBool>) -> Vec<(Instant, i6
     };
     while sampling.load(Ordering::Relaxed) {
         let asked = Instant::now();
-        let position: Result<i64, _> =
-            sqlx::query_scalar("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint")
-                .fetch_one(&mut primary)
-                .await;
-        if let Ok(position) = position {
+        if let Some(position) = idem_test_support::patroni::wal_position(&mut primary).await {
             samples.push((asked, position));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
