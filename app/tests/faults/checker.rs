@@ -94,37 +94,38 @@ impl LossWindow {
     /// the first after the window opened (the run's own answer went down
     /// with the primary, and its client, retrying, met the gate's record
     /// after the failover).
-    /// When each of `answers` came, against the window, and whether it
-    /// was a replay: what a run the window did not hold needs to be
-    /// diagnosed from the suite's report alone.
-    fn describe(&self, answers: &[&Answer]) -> String {
-        let since_from = |at: std::time::Instant| {
-            let seconds = |d: std::time::Duration| d.as_secs_f64();
-            match at.checked_duration_since(self.from) {
-                Some(after) => format!("+{:.3} s", seconds(after)),
-                None => format!("-{:.3} s", seconds(self.from.duration_since(at))),
-            }
-        };
-        let answers: Vec<String> = answers
-            .iter()
-            .map(|a| {
-                let replay = if a.replayed { ", replayed" } else { "" };
-                format!("{}{replay}", since_from(a.at))
-            })
-            .collect();
-        format!(
-            "acknowledged at {} from the window's start; the window ends at {}",
-            answers.join(", "),
-            since_from(self.to)
-        )
-    }
-
     fn holds(&self, answers: &[&Answer], acknowledges: impl Fn(&Answer) -> bool) -> bool {
         let acknowledgements: Vec<&&Answer> = answers.iter().filter(|a| acknowledges(a)).collect();
         let Some(first) = acknowledgements.iter().map(|a| a.at).min() else {
             return false;
         };
         self.from <= first && (first <= self.to || acknowledgements.iter().all(|a| a.replayed))
+    }
+
+    /// When each acknowledgement among `answers` came, from the window's
+    /// start, and whether it was a replay: what a run the window did not
+    /// hold needs to be diagnosed from the suite's report alone.
+    fn describe(&self, answers: &[&Answer], acknowledges: impl Fn(&Answer) -> bool) -> String {
+        let since_from = |at: std::time::Instant| match at.checked_duration_since(self.from) {
+            Some(after) => format!("+{:.3} s", after.as_secs_f64()),
+            None => format!("-{:.3} s", (self.from - at).as_secs_f64()),
+        };
+        let acknowledgements: Vec<String> = answers
+            .iter()
+            .filter(|a| acknowledges(a))
+            .map(|a| {
+                format!(
+                    "{}{}",
+                    since_from(a.at),
+                    if a.replayed { ", replayed" } else { "" }
+                )
+            })
+            .collect();
+        format!(
+            "acknowledged at {} from the window's start; the window ends at {}",
+            acknowledgements.join(", "),
+            since_from(self.to)
+        )
     }
 }
 
@@ -359,8 +360,7 @@ fn check_payment(
         [] if acknowledged => {
             verdict.lost += 1;
             let when = may_lose.map_or_else(String::new, |w| {
-                let paid: Vec<&Answer> = answers.iter().copied().filter(|a| paid(a)).collect();
-                format!(" ({})", w.describe(&paid))
+                format!(" ({})", w.describe(answers, |a| paid(&a)))
             });
             verdict.problem(format!("{name}: a callback answered paid, no credit{when}"));
         }
