@@ -13,6 +13,7 @@
 //! - each order has exactly one `order.created` event in the outbox.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use idem_app::orders::STARTING_BALANCE_CENTS;
 use idem_tower::sql::sqlx::{self, PgPool, Row};
@@ -79,33 +80,66 @@ impl Verdict {
 /// When a failover may lose acknowledged commits (asynchronous
 /// replication): from the moment the standby stopped receiving the
 /// primary's WAL to the primary's crash. An operation acknowledged only
-/// within it and found without its effect, or run again, is counted as
-/// [`Verdict::acknowledged_lost`], not as lost or wrongly answered.
+/// for a commit within it and found without its effect, or run again, is
+/// counted as [`Verdict::acknowledged_lost`], not as lost or wrongly
+/// answered.
+///
+/// The checker sees when an answer arrived, not when its commit was made,
+/// so the window closes at the crash plus the longest a route's answer can
+/// follow its commit ([`ORDER_ANSWER_DELAY`], [`CALLBACK_ANSWER_DELAY`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct LossWindow {
     pub(crate) from: std::time::Instant,
-    pub(crate) to: std::time::Instant,
+    /// When the primary crashed: nothing was committed on it after.
+    pub(crate) crashed: std::time::Instant,
 }
+
+/// How long after its commit a `POST /orders` answer can arrive: the route
+/// is transactional (its record commits with the order), so only the
+/// Redis gate's completion, bounded by the gate's timeouts, comes between.
+const ORDER_ANSWER_DELAY: Duration = Duration::from_secs(1);
+
+/// How long after its commit a payment callback's answer can arrive. The
+/// route is in plain mode: after the handler's commit, the layer stores
+/// the record, trying 3 times before it answers
+/// (`idem-tower/src/layer/lease.rs`, `QUICK_ATTEMPTS`, 40 and 80 ms
+/// apart), and with the primary gone each try can wait for a connection
+/// for the app's whole acquire timeout (3 s, `app/src/sql_pool.rs`): 9.1
+/// s, and 1 s more for the rest. Seen in CI: an answer 3.5 s after the
+/// crash, for a credit node0 alone had committed.
+const CALLBACK_ANSWER_DELAY: Duration = Duration::from_secs(10);
 
 impl LossWindow {
     /// Whether the acknowledgements among `answers` are those of a run
-    /// lost in the window: the first came within it (later ones may be the
-    /// gate's replays of the lost record), or every one is such a replay,
-    /// the first after the window opened (the run's own answer went down
-    /// with the primary, and its client, retrying, met the gate's record
-    /// after the failover).
-    fn holds(&self, answers: &[&Answer], acknowledges: impl Fn(&Answer) -> bool) -> bool {
+    /// lost in the window, for a route whose answers can follow their
+    /// commit by up to `delay`: the first came within the window (later
+    /// ones may be the gate's replays of the lost record), or every one is
+    /// such a replay, the first after the window opened (the run's own
+    /// answer went down with the primary, and its client, retrying, met
+    /// the gate's record after the failover).
+    fn holds(
+        &self,
+        answers: &[&Answer],
+        delay: Duration,
+        acknowledges: impl Fn(&Answer) -> bool,
+    ) -> bool {
         let acknowledgements: Vec<&&Answer> = answers.iter().filter(|a| acknowledges(a)).collect();
         let Some(first) = acknowledgements.iter().map(|a| a.at).min() else {
             return false;
         };
-        self.from <= first && (first <= self.to || acknowledgements.iter().all(|a| a.replayed))
+        self.from <= first
+            && (first <= self.crashed + delay || acknowledgements.iter().all(|a| a.replayed))
     }
 
     /// When each acknowledgement among `answers` came, from the window's
     /// start, and whether it was a replay: what a run the window did not
     /// hold needs to be diagnosed from the suite's report alone.
-    fn describe(&self, answers: &[&Answer], acknowledges: impl Fn(&Answer) -> bool) -> String {
+    fn describe(
+        &self,
+        answers: &[&Answer],
+        delay: Duration,
+        acknowledges: impl Fn(&Answer) -> bool,
+    ) -> String {
         let since_from = |at: std::time::Instant| match at.checked_duration_since(self.from) {
             Some(after) => format!("+{:.3} s", after.as_secs_f64()),
             None => format!("-{:.3} s", (self.from - at).as_secs_f64()),
@@ -124,7 +158,7 @@ impl LossWindow {
         format!(
             "acknowledged at {} from the window's start; the window ends at {}",
             acknowledgements.join(", "),
-            since_from(self.to)
+            since_from(self.crashed + delay)
         )
     }
 }
@@ -233,7 +267,7 @@ fn check_order(
     let acknowledged = answers.iter().any(|a| a.status == 201);
     let in_window = |row: Option<&OrderRow>| {
         may_lose.is_some_and(|w| {
-            w.holds(answers, |a| {
+            w.holds(answers, ORDER_ANSWER_DELAY, |a| {
                 a.status == 201 && row.is_none_or(|row| !answer_is(a, row, tenant))
             })
         })
@@ -353,14 +387,19 @@ fn check_payment(
     let credits = stored.map_or(&[][..], |p| p.credits.as_slice());
     match credits {
         // The gate still held the lost record, and replayed it.
-        [] if acknowledged && may_lose.is_some_and(|w| w.holds(answers, |a| paid(&a))) => {
+        [] if acknowledged
+            && may_lose.is_some_and(|w| w.holds(answers, CALLBACK_ANSWER_DELAY, |a| paid(&a))) =>
+        {
             verdict.acknowledged_lost += 1;
             verdict.replayed_without_effect += 1;
         }
         [] if acknowledged => {
             verdict.lost += 1;
             let when = may_lose.map_or_else(String::new, |w| {
-                format!(" ({})", w.describe(answers, |a| paid(&a)))
+                format!(
+                    " ({})",
+                    w.describe(answers, CALLBACK_ANSWER_DELAY, |a| paid(&a))
+                )
             });
             verdict.problem(format!("{name}: a callback answered paid, no credit{when}"));
         }

@@ -208,12 +208,7 @@ async fn patroni(
                     cut.saturating_duration_since(from).as_secs_f64(),
                     samples.len(),
                 );
-                // An answer node0 sent before it died may be read just
-                // after; node1 is promoted seconds later.
-                let window = LossWindow {
-                    from,
-                    to: crashed + Duration::from_secs(1),
-                };
+                let window = LossWindow { from, crashed };
                 (crashed, what, Some(window))
             }
         };
