@@ -97,6 +97,12 @@ pub struct ReadmeDoctests;
 #[doc = include_str!("../../idem-tower/README.md")]
 pub struct TowerReadmeDoctests;
 
+/// The `#[idempotent]` attribute's reference (`idem-macros/src/idempotent.md`,
+/// its rustdoc), compiled likewise.
+#[cfg(doctest)]
+#[doc = include_str!("../../idem-macros/src/idempotent.md")]
+pub struct AttributeReferenceDoctests;
+
 /// The guides' Rust snippets (`docs/*.md`, one struct per guide), compiled
 /// likewise: README.md's map of the guides lists them.
 #[cfg(doctest)]
