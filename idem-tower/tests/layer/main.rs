@@ -29,4 +29,5 @@ mod operations;
 mod replay;
 #[cfg(feature = "axum")]
 mod router;
+mod store_failures;
 mod streams;
