@@ -15,8 +15,9 @@ use idem_tower::sql::sqlx::{
 /// the request is answered 503 with `Retry-After` instead of hanging on
 /// (sqlx's default is 30 s). It also bounds how long a duplicate waits for
 /// a concurrent first attempt's turn (idem waits up to the pool's acquire
-/// timeout).
-const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+/// timeout), and how late a plain-mode answer can follow its commit while
+/// the database is away, which the fault suite's checker allows for.
+pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A pool on one of the three databases.
 #[derive(Debug, Clone)]

@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use idem_app::orders::STARTING_BALANCE_CENTS;
+use idem_app::sql_pool::ACQUIRE_TIMEOUT;
 use idem_tower::sql::sqlx::{self, PgPool, Row};
 
 use crate::workload::{Answer, Kind, Sent};
@@ -104,10 +105,12 @@ const ORDER_ANSWER_DELAY: Duration = Duration::from_secs(1);
 /// the record, trying 3 times before it answers
 /// (`idem-tower/src/layer/lease.rs`, `QUICK_ATTEMPTS`, 40 and 80 ms
 /// apart), and with the primary gone each try can wait for a connection
-/// for the app's whole acquire timeout (3 s, `app/src/sql_pool.rs`): 9.1
-/// s, and 1 s more for the rest. Seen in CI: an answer 3.5 s after the
-/// crash, for a credit node0 alone had committed.
-const CALLBACK_ANSWER_DELAY: Duration = Duration::from_secs(10);
+/// for the app's whole acquire timeout: 9.1 s with its 3 s, and 1 s more
+/// for the rest. Seen in CI: an answer 3.5 s after the crash, for a credit
+/// node0 alone had committed.
+const CALLBACK_ANSWER_DELAY: Duration = ACQUIRE_TIMEOUT
+    .saturating_mul(3)
+    .saturating_add(Duration::from_secs(1));
 
 impl LossWindow {
     /// Whether the acknowledgements among `answers` are those of a run
