@@ -5,19 +5,16 @@
 //! `store_failures.rs`.
 
 use std::convert::Infallible;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use axum::body::Body;
 use futures_util::{FutureExt, StreamExt};
 use http::{Request, Response, StatusCode};
-use idem_core::{Claim, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
-use idem_tower::core::IdempotencyStore;
 use idem_tower::{Idempotency, InFlightPolicy, MemoryStore};
 use tower::{Layer, ServiceExt, service_fn};
 
-use crate::fixtures::{ORDER, counting, created, json, order_body};
+use crate::fixtures::{ORDER, WatchedStore, counting, created, json, order_body, past_in_flight};
 use crate::support::{Calls, Reply, post, send};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -271,7 +268,7 @@ async fn a_waiting_duplicate_whose_client_left_stops_trying_the_store() {
         tokio::time::sleep(Duration::from_millis(1500)).await;
         created(n)
     });
-    let store = CountsClaims::default();
+    let store = WatchedStore::default();
     let claims = store.claims.clone();
     let service = Idempotency::builder(store)
         .in_flight(InFlightPolicy::Wait(Duration::from_secs(5)))
@@ -306,81 +303,6 @@ async fn a_waiting_duplicate_whose_client_left_stops_trying_the_store() {
     let first = first.await.expect("no panic");
     assert_eq!(first.status, StatusCode::CREATED);
     assert_eq!(calls.get(), 1);
-}
-
-/// A memory store that counts the claims it is asked for.
-#[derive(Default)]
-struct CountsClaims {
-    store: MemoryStore,
-    claims: Arc<AtomicUsize>,
-}
-
-impl IdempotencyStore for CountsClaims {
-    async fn claim(
-        &self,
-        key: &IdempotencyKey,
-        fingerprint: &Fingerprint,
-        lease: Duration,
-        owner: OwnerToken,
-    ) -> Result<Claim, idem_core::Error> {
-        self.claims.fetch_add(1, Ordering::SeqCst);
-        self.store.claim(key, fingerprint, lease, owner).await
-    }
-
-    async fn complete(
-        &self,
-        key: &IdempotencyKey,
-        owner: &OwnerToken,
-        outcome: &Outcome,
-        ttl: Duration,
-    ) -> Result<(), idem_core::Error> {
-        self.store.complete(key, owner, outcome, ttl).await
-    }
-
-    async fn release(
-        &self,
-        key: &IdempotencyKey,
-        owner: &OwnerToken,
-    ) -> Result<(), idem_core::Error> {
-        self.store.release(key, owner).await
-    }
-
-    async fn renew(
-        &self,
-        key: &IdempotencyKey,
-        owner: &OwnerToken,
-        lease: Duration,
-    ) -> Result<(), idem_core::Error> {
-        self.store.renew(key, owner, lease).await
-    }
-}
-
-/// Sends `request()` until the answer is not 409 in flight, for `within` at
-/// most: the first other answer.
-async fn past_in_flight<S, B>(
-    service: &S,
-    request: impl Fn() -> http::Request<Body>,
-    within: Duration,
-) -> Reply
-where
-    S: tower::Service<http::Request<Body>, Response = Response<B>> + Clone,
-    S::Error: std::fmt::Debug,
-    B: http_body::Body,
-    B::Error: std::fmt::Debug,
-{
-    let started = Instant::now();
-    loop {
-        let reply = send(service, request()).await;
-        if reply.status != StatusCode::CONFLICT {
-            return reply;
-        }
-        reply.assert_problem(StatusCode::CONFLICT, "in-flight");
-        assert!(
-            started.elapsed() < within,
-            "still in flight after {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// Once the handler has returned a final response its effect has happened;

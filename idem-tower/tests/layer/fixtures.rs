@@ -5,7 +5,8 @@ use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use bytes::Bytes;
@@ -13,9 +14,12 @@ use futures_util::StreamExt;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
 use http_body::Frame;
 use http_body_util::{BodyExt, Full, StreamBody};
+use idem_core::{Claim, Error, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
+use idem_tower::MemoryStore;
+use idem_tower::core::IdempotencyStore;
 use tower::{Service, ServiceExt, service_fn};
 
-use crate::support::{Calls, KEY_HEADER, Reply, post};
+use crate::support::{Calls, KEY_HEADER, Reply, post, send};
 
 /// The order most tests send.
 pub(crate) const ORDER: &str = r#"{"sku":"A-1","qty":2}"#;
@@ -142,4 +146,106 @@ where
     let collected = response.into_body().collect().await.expect("a whole body");
     let trailers = collected.trailers().cloned();
     (status, replayed, collected.to_bytes(), trailers)
+}
+
+/// A memory store that counts the claims it is asked for and fails its
+/// first `failures` completions, as a store does through an outage (the
+/// handler's outcome cannot be recorded); every other call goes to the
+/// memory store.
+#[derive(Default)]
+pub(crate) struct WatchedStore {
+    store: MemoryStore,
+    pub(crate) claims: Arc<AtomicUsize>,
+    failures: AtomicUsize,
+}
+
+impl WatchedStore {
+    /// Every completion fails.
+    pub(crate) fn completions_fail() -> Self {
+        Self::first_completions_fail(usize::MAX)
+    }
+
+    /// The first `failures` completions fail.
+    pub(crate) fn first_completions_fail(failures: usize) -> Self {
+        Self {
+            failures: failures.into(),
+            ..Self::default()
+        }
+    }
+}
+
+impl IdempotencyStore for WatchedStore {
+    async fn claim(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+        owner: OwnerToken,
+    ) -> Result<Claim, Error> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        self.store.claim(key, fingerprint, lease, owner).await
+    }
+
+    async fn complete(
+        &self,
+        key: &IdempotencyKey,
+        owner: &OwnerToken,
+        outcome: &Outcome,
+        ttl: Duration,
+    ) -> Result<(), Error> {
+        let failing = self
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if failing {
+            return Err(connection_refused());
+        }
+        self.store.complete(key, owner, outcome, ttl).await
+    }
+
+    async fn release(&self, key: &IdempotencyKey, owner: &OwnerToken) -> Result<(), Error> {
+        self.store.release(key, owner).await
+    }
+
+    async fn renew(
+        &self,
+        key: &IdempotencyKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<(), Error> {
+        self.store.renew(key, owner, lease).await
+    }
+}
+
+/// The error a store whose backend is down answers with.
+pub(crate) fn connection_refused() -> Error {
+    Error::unavailable(std::io::Error::other("connection refused"))
+}
+
+/// Sends `request()` until the answer is not 409 in flight, for `within` at
+/// most: the first other answer.
+pub(crate) async fn past_in_flight<S, B>(
+    service: &S,
+    request: impl Fn() -> Request<Body>,
+    within: Duration,
+) -> Reply
+where
+    S: Service<Request<Body>, Response = Response<B>> + Clone,
+    S::Error: fmt::Debug,
+    B: http_body::Body,
+    B::Error: fmt::Debug,
+{
+    let started = Instant::now();
+    loop {
+        let reply = send(service, request()).await;
+        if reply.status != StatusCode::CONFLICT {
+            return reply;
+        }
+        reply.assert_problem(StatusCode::CONFLICT, "in-flight");
+        assert!(
+            started.elapsed() < within,
+            "still in flight after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
