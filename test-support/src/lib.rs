@@ -3,7 +3,8 @@
 //! PostgreSQL under Patroni with etcd and HAProxy, PgBouncer), hosts of
 //! their own in network namespaces, where the
 //! servers already running are (`servers`), free ports, the TCP proxies
-//! that delay, break or count traffic, the Prometheus scrape, and the HTTP
+//! that delay, break or count traffic, the Prometheus scrape, the fault
+//! checker's window of commits a failover may lose, and the HTTP
 //! reply type and service helpers of the layer's tests. Never published; nothing of idem's own
 //! in it, so that every crate of the workspace can take it as a
 //! dev-dependency.
@@ -15,6 +16,7 @@ pub mod daemon;
 pub mod etcd;
 pub mod fault_proxy;
 pub mod haproxy;
+pub mod loss_window;
 pub mod lossy_proxy;
 pub mod netns;
 pub mod orders;

@@ -20,6 +20,7 @@ use idem_app::sql_pool::ACQUIRE_TIMEOUT;
 use idem_tower::sql::sqlx::{self, PgPool, Row};
 
 use crate::workload::{Answer, Kind, Sent};
+use idem_test_support::loss_window::{Acknowledgement, LossWindow};
 
 /// What the ledger says about a run's operations.
 #[derive(Debug, Default)]
@@ -78,23 +79,6 @@ impl Verdict {
     }
 }
 
-/// When a failover may lose acknowledged commits (asynchronous
-/// replication): from the moment the standby stopped receiving the
-/// primary's WAL to the primary's crash. An operation acknowledged only
-/// for a commit within it and found without its effect, or run again, is
-/// counted as [`Verdict::acknowledged_lost`], not as lost or wrongly
-/// answered.
-///
-/// The checker sees when an answer arrived, not when its commit was made,
-/// so the window closes at the crash plus the longest a route's answer can
-/// follow its commit ([`ORDER_ANSWER_DELAY`], [`CALLBACK_ANSWER_DELAY`]).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct LossWindow {
-    pub(crate) from: std::time::Instant,
-    /// When the primary crashed: nothing was committed on it after.
-    pub(crate) crashed: std::time::Instant,
-}
-
 /// How long after its commit a `POST /orders` answer can arrive: the route
 /// is transactional (its record commits with the order), so only the
 /// Redis gate's completion, bounded by the gate's timeouts, comes between.
@@ -112,58 +96,19 @@ const CALLBACK_ANSWER_DELAY: Duration = ACQUIRE_TIMEOUT
     .saturating_mul(3)
     .saturating_add(Duration::from_secs(1));
 
-impl LossWindow {
-    /// Whether the acknowledgements among `answers` are those of a run
-    /// lost in the window, for a route whose answers can follow their
-    /// commit by up to `delay`: the first came within the window (later
-    /// ones may be the gate's replays of the lost record), or every one is
-    /// such a replay, the first after the window opened (the run's own
-    /// answer went down with the primary, and its client, retrying, met
-    /// the gate's record after the failover).
-    fn holds(
-        &self,
-        answers: &[&Answer],
-        delay: Duration,
-        acknowledges: impl Fn(&Answer) -> bool,
-    ) -> bool {
-        let acknowledgements: Vec<&&Answer> = answers.iter().filter(|a| acknowledges(a)).collect();
-        let Some(first) = acknowledgements.iter().map(|a| a.at).min() else {
-            return false;
-        };
-        self.from <= first
-            && (first <= self.crashed + delay || acknowledgements.iter().all(|a| a.replayed))
-    }
-
-    /// When each acknowledgement among `answers` came, from the window's
-    /// start, and whether it was a replay: what a run the window did not
-    /// hold needs to be diagnosed from the suite's report alone.
-    fn describe(
-        &self,
-        answers: &[&Answer],
-        delay: Duration,
-        acknowledges: impl Fn(&Answer) -> bool,
-    ) -> String {
-        let since_from = |at: std::time::Instant| match at.checked_duration_since(self.from) {
-            Some(after) => format!("+{:.3} s", after.as_secs_f64()),
-            None => format!("-{:.3} s", (self.from - at).as_secs_f64()),
-        };
-        let acknowledgements: Vec<String> = answers
-            .iter()
-            .filter(|a| acknowledges(a))
-            .map(|a| {
-                format!(
-                    "{}{}",
-                    since_from(a.at),
-                    if a.replayed { ", replayed" } else { "" }
-                )
-            })
-            .collect();
-        format!(
-            "acknowledged at {} from the window's start; the window ends at {}",
-            acknowledgements.join(", "),
-            since_from(self.crashed + delay)
-        )
-    }
+/// The acknowledgements among `answers`, for a [`LossWindow`].
+fn acknowledgements(
+    answers: &[&Answer],
+    acknowledges: impl Fn(&Answer) -> bool,
+) -> Vec<Acknowledgement> {
+    answers
+        .iter()
+        .filter(|a| acknowledges(a))
+        .map(|a| Acknowledgement {
+            at: a.at,
+            replayed: a.replayed,
+        })
+        .collect()
 }
 
 /// An order row.
@@ -270,9 +215,10 @@ fn check_order(
     let acknowledged = answers.iter().any(|a| a.status == 201);
     let in_window = |row: Option<&OrderRow>| {
         may_lose.is_some_and(|w| {
-            w.holds(answers, ORDER_ANSWER_DELAY, |a| {
+            let acknowledged = acknowledgements(answers, |a| {
                 a.status == 201 && row.is_none_or(|row| !answer_is(a, row, tenant))
-            })
+            });
+            w.holds(&acknowledged, ORDER_ANSWER_DELAY)
         })
     };
     match found {
@@ -385,13 +331,14 @@ fn check_payment(
     may_lose: Option<LossWindow>,
 ) {
     let name = s.op.name();
-    let paid = |a: &&Answer| a.status == 200 && a.body["state"] == "PAID";
-    let acknowledged = answers.iter().any(paid);
+    let paid = |a: &Answer| a.status == 200 && a.body["state"] == "PAID";
+    let paid_answers = acknowledgements(answers, paid);
+    let acknowledged = !paid_answers.is_empty();
     let credits = stored.map_or(&[][..], |p| p.credits.as_slice());
     match credits {
         // The gate still held the lost record, and replayed it.
         [] if acknowledged
-            && may_lose.is_some_and(|w| w.holds(answers, CALLBACK_ANSWER_DELAY, |a| paid(&a))) =>
+            && may_lose.is_some_and(|w| w.holds(&paid_answers, CALLBACK_ANSWER_DELAY)) =>
         {
             verdict.acknowledged_lost += 1;
             verdict.replayed_without_effect += 1;
@@ -399,10 +346,7 @@ fn check_payment(
         [] if acknowledged => {
             verdict.lost += 1;
             let when = may_lose.map_or_else(String::new, |w| {
-                format!(
-                    " ({})",
-                    w.describe(answers, CALLBACK_ANSWER_DELAY, |a| paid(&a))
-                )
+                format!(" ({})", w.describe(&paid_answers, CALLBACK_ANSWER_DELAY))
             });
             verdict.problem(format!("{name}: a callback answered paid, no credit{when}"));
         }

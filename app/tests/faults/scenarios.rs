@@ -14,10 +14,11 @@ use std::time::{Duration, Instant};
 use idem_tower::sql::sqlx::PgPool;
 
 use crate::apps::Apps;
-use crate::checker::{self, LossWindow, Verdict};
+use crate::checker::{self, Verdict};
 use crate::topology;
 use crate::workload::Workload;
 use idem_test_support::fault_proxy::{Mode, Proxy};
+use idem_test_support::loss_window::LossWindow;
 use idem_test_support::pgbouncer::PgBouncer;
 use idem_test_support::postgres::Postgres;
 use idem_test_support::redis::{RedisServer, Sentinel};

@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::apps::{Apps, Launch};
-use crate::checker::LossWindow;
 use crate::scenarios::{Healed, INSTANCES, Report, at, drive, load_of};
 use idem_test_support::fault_proxy::{Mode, Proxy};
 use idem_test_support::haproxy::HaProxy;
+use idem_test_support::loss_window::LossWindow;
 use idem_test_support::netns::{Host, free_indices};
 use idem_test_support::patroni::{Patroni, Replication};
 use idem_test_support::postgres::Postgres;
