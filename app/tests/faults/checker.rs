@@ -229,7 +229,11 @@ fn check_order(
         }
         [] if acknowledged => {
             verdict.lost += 1;
-            verdict.problem(format!("{name}: acknowledged, no order"));
+            let when = may_lose.map_or_else(String::new, |w| {
+                let created = acknowledgements(answers, |a| a.status == 201);
+                format!(" ({})", w.describe(&created, ORDER_ANSWER_DELAY))
+            });
+            verdict.problem(format!("{name}: acknowledged, no order{when}"));
         }
         [] => {}
         [row] if lost_with_its_record(answers, row, tenant, again) && in_window(Some(row)) => {
