@@ -54,6 +54,7 @@
 
 mod batch;
 mod builder;
+mod claim_tx;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod conformance;
@@ -82,6 +83,7 @@ use std::time::Duration;
 
 use batch::Batches;
 pub use builder::SqlStoreBuilder;
+pub use claim_tx::ClaimTx;
 pub use dialect::Dialect;
 use dialect::{ClaimArgs, ClaimStep, Queries, Started};
 /// What idem-guards builds its statements with: the values it binds, how

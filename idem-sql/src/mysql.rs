@@ -9,6 +9,8 @@ use std::time::Duration;
 use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, Connection, MySql};
 
+use super::ClaimTx;
+use super::claim_tx::EndTx;
 use super::dialect::bound_point_statements;
 use super::dialect::{
     ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, bind_all, has_code, record_row,
@@ -257,6 +259,7 @@ impl Dialect for MySql {
 
     const CLAIM_READS_FIRST: bool = false;
     const ONE_WRITER: bool = false;
+    const OWN_BEGIN: Option<EndTx<Self>> = Some(end_transaction);
 
     async fn claim(
         conn: &mut MySqlConnection,
@@ -346,7 +349,9 @@ impl Dialect for MySql {
         // session variable: it stays on the pooled connection, so it is set
         // back on every path. On MariaDB the upsert's own no-wait is the
         // statement's alone (`SET STATEMENT`), the session's lock wait is
-        // set to the handler's first, and the upsert answers the row.
+        // set to the handler's first, and the upsert answers the row. The
+        // transaction is the claim's own (`OWN_BEGIN`): its BEGIN goes
+        // first in the same round trip.
         let secs = lock_timeout.as_secs().max(1);
         let server = server(conn, q).await?;
         let script = match server {
@@ -385,7 +390,7 @@ impl Dialect for MySql {
     }
 
     async fn tx_commit(
-        mut tx: sqlx::Transaction<'static, Self>,
+        mut tx: ClaimTx<Self>,
         q: &Queries,
         args: ClaimArgs<'_>,
         outcome: &[u8],
@@ -407,10 +412,11 @@ impl Dialect for MySql {
         })
         .await;
         match committed {
-            // Committed. sqlx's handle still counts its transaction open,
-            // and rolls it back when dropped: a ROLLBACK of nothing, which
-            // sqlx sends when the connection goes back to the pool.
-            Ok(_) => Ok(true),
+            // Committed: the transaction is over.
+            Ok(_) => {
+                tx.ended();
+                Ok(true)
+            }
             // The row was not the claim's to complete: the check failed,
             // and the COMMIT after it did not run.
             Err(err) if error_number(&err) == Some(script::NOT_COMPLETED) => {
@@ -425,6 +431,16 @@ impl Dialect for MySql {
         // ER_LOCK_WAIT_TIMEOUT, ER_LOCK_DEADLOCK (SQLSTATE HY000 / 40001)
         matches!(error_number(err), Some(1205 | 1213)) || has_code(err, &["40001"])
     }
+}
+
+/// Ends the transaction a transactional claim began itself
+/// ([`Dialect::OWN_BEGIN`]).
+fn end_transaction(
+    conn: &mut MySqlConnection,
+    commit: bool,
+) -> BoxFuture<'_, Result<(), sqlx::Error>> {
+    let statement = if commit { "COMMIT" } else { "ROLLBACK" };
+    Box::pin(async move { sqlx::raw_sql(statement).execute(conn).await.map(drop) })
 }
 
 /// Stamps the lease of a claim's own row again, from now, whether or not
@@ -452,8 +468,7 @@ async fn restamp(
 /// Runs `script` (of `mysql/script.rs`, whose `EXECUTE`s name the
 /// statements it prepares) on `conn` with `run`; on a connection that has
 /// not prepared them (the script stopped at its first `EXECUTE`, with only
-/// its `SET` run), runs it again after their `PREPARE`s, in the same round
-/// trip.
+/// its BEGIN and `SET` run), runs it again after their `PREPARE`s.
 async fn run_prepared<T>(
     conn: &mut MySqlConnection,
     q: &Queries,

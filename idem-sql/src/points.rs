@@ -190,7 +190,7 @@ impl<DB: Dialect> RecoveryPoints for SqlStore<DB> {
             None => pool.begin().await,
         }
         .map_err(unavailable)?;
-        let slot = TxSlot::new(tx);
+        let slot = TxSlot::new(tx.into());
         let guard = slot.lock().await;
         Ok((PhaseTx { guard }, slot))
     }

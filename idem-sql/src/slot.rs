@@ -7,6 +7,8 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use idem_core::{Error, ErrorKind};
 
+use crate::{ClaimTx, Dialect};
+
 /// How long the layer waits for a handler to let go of the transaction
 /// (a task it spawned may still hold it) before giving up on committing.
 const TAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -16,11 +18,11 @@ const TAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// borrows it to write in). Lent through a [`TxHandle`](idem_core::TxHandle)
 /// (`handle.get::<TxSlot<DB>>()`); idem-tower puts the handle in the
 /// request's extensions, where its `Tx` extractor finds it.
-pub struct TxSlot<DB: sqlx::Database> {
-    tx: Arc<Mutex<Option<sqlx::Transaction<'static, DB>>>>,
+pub struct TxSlot<DB: Dialect> {
+    tx: Arc<Mutex<Option<ClaimTx<DB>>>>,
 }
 
-impl<DB: sqlx::Database> Clone for TxSlot<DB> {
+impl<DB: Dialect> Clone for TxSlot<DB> {
     fn clone(&self) -> Self {
         Self {
             tx: self.tx.clone(),
@@ -28,17 +30,17 @@ impl<DB: sqlx::Database> Clone for TxSlot<DB> {
     }
 }
 
-impl<DB: sqlx::Database> std::fmt::Debug for TxSlot<DB> {
+impl<DB: Dialect> std::fmt::Debug for TxSlot<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TxSlot").finish_non_exhaustive()
     }
 }
 
 /// The slot's transaction, locked: held until dropped.
-pub type TxGuard<DB> = OwnedMutexGuard<Option<sqlx::Transaction<'static, DB>>>;
+pub type TxGuard<DB> = OwnedMutexGuard<Option<ClaimTx<DB>>>;
 
-impl<DB: sqlx::Database> TxSlot<DB> {
-    pub(crate) fn new(tx: sqlx::Transaction<'static, DB>) -> Self {
+impl<DB: Dialect> TxSlot<DB> {
+    pub(crate) fn new(tx: ClaimTx<DB>) -> Self {
         Self {
             tx: Arc::new(Mutex::new(Some(tx))),
         }
@@ -51,7 +53,7 @@ impl<DB: sqlx::Database> TxSlot<DB> {
     }
 
     /// Takes the transaction back for commit or rollback.
-    pub(crate) async fn take(&self) -> Result<sqlx::Transaction<'static, DB>, Error> {
+    pub(crate) async fn take(&self) -> Result<ClaimTx<DB>, Error> {
         let mut guard = tokio::time::timeout(TAKE_TIMEOUT, self.tx.lock())
             .await
             .map_err(|_| {

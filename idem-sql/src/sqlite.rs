@@ -22,7 +22,7 @@ use super::dialect::{
     ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, Started, bind_all, has_code, record_row,
     run_migrations, sealed, shared_statements,
 };
-use super::{SqlStore, unavailable};
+use super::{ClaimTx, SqlStore, unavailable};
 use idem_core::{Error, OwnerToken};
 
 mod many;
@@ -206,7 +206,7 @@ impl Dialect for Sqlite {
     }
 
     async fn tx_commit(
-        mut tx: sqlx::Transaction<'static, Self>,
+        mut tx: ClaimTx<Self>,
         q: &Queries,
         args: ClaimArgs<'_>,
         outcome: &[u8],
@@ -228,7 +228,7 @@ impl Dialect for Sqlite {
     }
 
     async fn tx_commit_and_claim(
-        mut tx: sqlx::Transaction<'static, Self>,
+        mut tx: ClaimTx<Self>,
         q: &Queries,
         args: ClaimArgs<'_>,
         outcome: &[u8],
@@ -340,7 +340,7 @@ async fn reopen(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
 /// Ends what a commit that went through began for the next claim, that is
 /// not to be handed on: rolls back its transaction if `begun` (it holds
 /// the write lock), else opens the deferred one sqlx counts as open.
-async fn end_started(mut tx: sqlx::Transaction<'static, Sqlite>, begun: bool) {
+async fn end_started(mut tx: ClaimTx<Sqlite>, begun: bool) {
     let ended = if begun {
         tx.rollback().await
     } else {

@@ -11,7 +11,9 @@ use tokio::sync::watch;
 
 use super::open::{Check, Held, Marked};
 use super::relay::{Baton, RELAYED, Waited};
-use super::{ClaimArgs, ClaimStep, Dialect, SqlStore, Turn, TxSlot, key_hash, settle, unavailable};
+use super::{
+    ClaimArgs, ClaimStep, ClaimTx, Dialect, SqlStore, Turn, TxSlot, key_hash, settle, unavailable,
+};
 use idem_core::expiry_millis;
 use idem_core::{BoxFuture, OpenTransaction, TransactionalStore, TxClaim, TxHandle};
 use idem_core::{Claim, Duplicate, Error, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
@@ -160,14 +162,19 @@ impl<DB: Dialect> SqlStore<DB> {
     /// the connection's own timeout (on SQLite another process's writer
     /// held the write lock past the busy timeout), answered as a lock held
     /// by the key's first claim is.
-    async fn begin_claim(&self) -> Result<Option<sqlx::Transaction<'static, DB>>, Error> {
+    async fn begin_claim(&self) -> Result<Option<ClaimTx<DB>>, Error> {
         let pool = &self.inner.pool;
+        if let Some(end) = DB::OWN_BEGIN {
+            // The claim's query begins it (`claim_tx.rs`).
+            let conn = pool.acquire().await.map_err(unavailable)?;
+            return Ok(Some(ClaimTx::own(conn, end)));
+        }
         let begun = match DB::TX_BEGIN {
             Some(statement) => pool.begin_with(statement).await,
             None => pool.begin().await,
         };
         match begun {
-            Ok(tx) => Ok(Some(tx)),
+            Ok(tx) => Ok(Some(tx.into())),
             Err(err) if DB::is_lock_timeout(&err) => Ok(None),
             Err(err) => Err(unavailable(err)),
         }
@@ -186,7 +193,7 @@ impl<DB: Dialect> SqlStore<DB> {
     /// commit overtook cannot become the writer (SQLITE_BUSY_SNAPSHOT).
     async fn claim_in(
         &self,
-        tx: &mut sqlx::Transaction<'static, DB>,
+        tx: &mut ClaimTx<DB>,
         key: &IdempotencyKey,
         hash: &[u8; 32],
         fingerprint: &Fingerprint,
@@ -209,7 +216,7 @@ impl<DB: Dialect> SqlStore<DB> {
 
 /// A transactional claim's transaction, with the turn to write.
 struct Begun<DB: Dialect> {
-    tx: sqlx::Transaction<'static, DB>,
+    tx: ClaimTx<DB>,
     turn: Turn,
     /// What the claim found, if its transaction came relayed with its key
     /// read; else the claim has yet to read it.
@@ -224,7 +231,7 @@ fn in_flight(lease: Duration) -> TxClaim {
 /// Rolls back a claim's transaction that holds nothing of ours. A failed
 /// rollback leaves a broken connection, which sqlx closes rather than
 /// reuse; the database then ends the transaction with its session.
-async fn finish<DB: Dialect>(tx: sqlx::Transaction<'_, DB>) {
+async fn finish<DB: Dialect>(tx: ClaimTx<DB>) {
     if let Err(err) = tx.rollback().await {
         tracing::warn!(error = %err, "rolling back an unused claim transaction failed");
     }

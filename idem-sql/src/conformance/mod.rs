@@ -18,6 +18,7 @@ pub use table::{
 };
 pub use transactions::{
     a_claim_whose_connection_died_frees_its_key_at_once,
+    a_dropped_transaction_leaves_its_connection_clean,
     an_expired_record_is_taken_over_in_a_transaction,
     claims_and_commits_dropped_midway_leave_the_store_whole, commit_keeps_writes_and_outcome,
     dropped_transaction_rolls_back, duplicate_of_an_open_transaction_is_in_flight_then_replays,
@@ -177,6 +178,7 @@ macro_rules! transactional_conformance_tests {
             commit_keeps_writes_and_outcome,
             rollback_undoes_writes_and_claim,
             dropped_transaction_rolls_back,
+            a_dropped_transaction_leaves_its_connection_clean,
             duplicate_of_an_open_transaction_is_in_flight_then_replays,
             a_claim_whose_connection_died_frees_its_key_at_once,
             duplicate_past_the_lock_timeout_is_in_flight,

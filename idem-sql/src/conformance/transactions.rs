@@ -63,6 +63,43 @@ pub async fn dropped_transaction_rolls_back<DB: TestSql>(store: Arc<SqlStore<DB>
     assert_eq!(effects(store.pool(), &nonce).await, 0);
 }
 
+/// A dropped transaction is over before its connection serves anything
+/// else: on a pool of one connection, the next claim's commit commits its
+/// own write alone, never the dropped one's (which a transaction left open
+/// on the pooled connection would carry into it).
+pub async fn a_dropped_transaction_leaves_its_connection_clean<DB: TestSql>(
+    store: Arc<SqlStore<DB>>,
+) {
+    let options = store.pool().connect_options();
+    let pool = sqlx::pool::PoolOptions::<DB>::new()
+        .max_connections(1)
+        .connect_with(options.as_ref().clone())
+        .await
+        .expect("a pool of one connection");
+    let one = SqlStore::builder(pool)
+        .table(store.table())
+        .build()
+        .expect("the suite's table name");
+    let (dropped, dropped_nonce) = fresh_case(&store, "tx-drop-clean").await;
+    drop(claim_and_write(&one, &dropped, &dropped_nonce).await);
+    let (next, next_nonce) = fresh_case(&store, "tx-drop-clean-next").await;
+    claim_and_write(&one, &next, &next_nonce)
+        .await
+        .commit(&response(), LONG)
+        .await
+        .expect("the next claim commits");
+    assert_eq!(effects(store.pool(), &next_nonce).await, 1);
+    assert_eq!(
+        effects(store.pool(), &dropped_nonce).await,
+        0,
+        "the dropped transaction's write was committed by the next claim's commit"
+    );
+    assert!(matches!(
+        duplicate(&*store, &dropped, &fp()).await,
+        Claim::Acquired(_)
+    ));
+}
+
 /// A duplicate arriving while the first transaction is open is told "in
 /// flight" without waiting for it to end, from this process (answered from
 /// memory) and from another (a store of its own on the same table); once

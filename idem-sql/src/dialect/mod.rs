@@ -22,15 +22,17 @@ pub(crate) use record::{ClaimArgs, ClaimStep, Queries, RecordRow, has_code, run_
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) use record::{record_row, shared_statements};
 
+use super::ClaimTx;
 use super::SqlStore;
 use super::batch::{Write, Written};
+use super::claim_tx::EndTx;
 use idem_core::{Error, OwnerToken};
 
 /// The next transactional claim started by
 /// [`Dialect::tx_commit_and_claim`]: its transaction and what its claim
 /// found.
 #[allow(unreachable_pub)] // sealed: named only inside the crate
-pub type Started<DB> = (sqlx::Transaction<'static, DB>, ClaimStep);
+pub type Started<DB> = (ClaimTx<DB>, ClaimStep);
 
 /// A database idem keeps records in and runs its guards on: PostgreSQL
 /// (`sqlx::Postgres`), MySQL or MariaDB (`sqlx::MySql`), SQLite
@@ -146,6 +148,14 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
     #[doc(hidden)]
     const TX_BEGIN: Option<&'static str> = None;
 
+    /// Where a transactional claim begins its transaction itself, in the
+    /// query of [`Dialect::tx_claim`] (PostgreSQL), rather than by sqlx in
+    /// a round trip of its own: how it is ended (`claim_tx.rs`). Then
+    /// [`Dialect::tx_claim`] gets a connection with no transaction open,
+    /// and [`Dialect::tx_commit`] ends it for good.
+    #[doc(hidden)]
+    const OWN_BEGIN: Option<EndTx<Self>> = None;
+
     #[doc(hidden)]
     fn claim(
         conn: &mut Self::Connection,
@@ -218,7 +228,8 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 
     /// The claim of a transactional claim, in the transaction open on
-    /// `conn`, with everything it takes: [`ClaimStep::Locked`] at once,
+    /// `conn` (where [`Dialect::OWN_BEGIN`], one its query begins), with
+    /// everything it takes: [`ClaimStep::Locked`] at once,
     /// without waiting, if another open transaction holds the key, so that
     /// a duplicate learns "in flight" while the first runs. On every path
     /// it leaves the handler's own statements waiting for locks up to
@@ -254,7 +265,7 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
     /// then COMMIT.
     #[doc(hidden)]
     fn tx_commit(
-        mut tx: sqlx::Transaction<'static, Self>,
+        mut tx: ClaimTx<Self>,
         queries: &Queries,
         args: ClaimArgs<'_>,
         outcome: &[u8],
@@ -280,7 +291,7 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
     /// claim started. By default the commit alone.
     #[doc(hidden)]
     fn tx_commit_and_claim(
-        tx: sqlx::Transaction<'static, Self>,
+        tx: ClaimTx<Self>,
         queries: &Queries,
         args: ClaimArgs<'_>,
         outcome: &[u8],

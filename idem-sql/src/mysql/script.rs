@@ -5,10 +5,10 @@
 //! MySQL prepares one statement at a time. A text query carries several
 //! (sqlx connects with `CLIENT_MULTI_STATEMENTS`): the server runs them in
 //! order, stops at the first that fails, and answers them all in one round
-//! trip. So a transactional claim costs one round trip at its start (the
-//! claim's row written, the session's lock wait set for the handler, the
-//! row read back) and none of its own at its end (the row completed in the
-//! round trip of COMMIT).
+//! trip. So a transactional claim costs no round trip of its own: its
+//! BEGIN, the claim's row written, the session's lock wait set for the
+//! handler and the row read back go in one, where sqlx would have sent
+//! BEGIN alone, and the row is completed in the round trip of COMMIT.
 //!
 //! The claim's upsert, its read back and the completion are prepared once
 //! per connection with SQL's `PREPARE` and run with `EXECUTE ... USING`
@@ -16,9 +16,9 @@
 //! statements once per connection rather than on every request (parsing
 //! them was most of what a text claim cost the server beyond the
 //! hand-written statements: BENCHMARKS.md). A connection's first script
-//! finds them missing ([`NOT_PREPARED`]: nothing of it but its first `SET`
-//! ran) and is sent again after their `PREPARE`s ([`prepare`]), in the same
-//! round trip. Prepared statements are the session's and outlive its
+//! finds them missing ([`NOT_PREPARED`]: nothing of it but its BEGIN and
+//! first `SET` ran) and is sent again after their `PREPARE`s ([`prepare`]);
+//! a claim's BEGIN sent again ends the empty transaction the first began. Prepared statements are the session's and outlive its
 //! transactions; they are named after the table, so that stores of several
 //! tables share a pool, and after their [`GENERATION`].
 //!
@@ -232,8 +232,8 @@ pub(crate) fn prepare(q: &Queries, server: Server, script: &str) -> String {
 /// completion found no row of the claim's.
 pub(crate) const NOT_COMPLETED: u32 = 1242;
 
-/// The start of a transactional claim, in the transaction just begun: the
-/// claim's row written (the store's `claim` upsert, `q.claim`, prepared)
+/// The start of a transactional claim: BEGIN (the transaction is the
+/// claim's own, `claim_tx.rs`); the claim's row written (the store's `claim` upsert, `q.claim`, prepared)
 /// under no lock wait, so that another transaction's claim of the key
 /// fails it at once with a lock wait timeout; then the session's lock wait
 /// for the handler's statements, `lock_wait_secs`; then the key's row, by
@@ -244,6 +244,7 @@ pub(crate) const NOT_COMPLETED: u32 = 1242;
 pub(crate) fn claim(q: &Queries, args: &ClaimArgs<'_>, lock_wait_secs: u64) -> String {
     let table = &*q.table;
     let mut out = String::with_capacity(512 + table.len() * 2);
+    out.push_str("BEGIN; ");
     push_set(
         &mut out,
         &[
@@ -277,12 +278,13 @@ pub(crate) fn claim(q: &Queries, args: &ClaimArgs<'_>, lock_wait_secs: u64) -> S
     out
 }
 
-/// [`claim`] on MariaDB ([`Server::MariaDb`]): the session's lock wait
-/// for the handler's statements, `lock_wait_secs`, then the claim's
+/// [`claim`] on MariaDB ([`Server::MariaDb`]): BEGIN, the session's lock
+/// wait for the handler's statements, `lock_wait_secs`, then the claim's
 /// upsert, which waits for no lock by itself and answers the key's row.
 /// If the upsert fails, the session's lock wait is already the handler's.
 pub(crate) fn claim_mariadb(q: &Queries, args: &ClaimArgs<'_>, lock_wait_secs: u64) -> String {
     let mut out = String::with_capacity(384 + q.table.len());
+    out.push_str("BEGIN; ");
     out.push_str(&lock_wait(lock_wait_secs));
     out.push_str("; ");
     Prepared::ClaimReturning.push_execute_values(
@@ -467,7 +469,7 @@ mod tests {
         assert_eq!(
             script,
             format!(
-                "SET SESSION innodb_lock_wait_timeout = 7; EXECUTE idem1_claimr_t USING {}, \
+                "BEGIN; SET SESSION innodb_lock_wait_timeout = 7; EXECUTE idem1_claimr_t USING {}, \
                  CONVERT(X'6b27' USING utf8mb4), {owner_hex}, {}, 30000",
                 bytes(&hash),
                 bytes(&[2; 32]),

@@ -16,10 +16,12 @@ mod session;
 
 pub use literal::inline;
 
+use super::ClaimTx;
+use super::claim_tx::EndTx;
 use super::dialect::{
     ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, Value, has_code, run_migrations, sealed,
 };
-use idem_core::OwnerToken;
+use idem_core::{BoxFuture, OwnerToken};
 use session::Statement;
 
 const MIGRATIONS: &[(i64, &str)] = &[
@@ -166,6 +168,7 @@ impl Dialect for Postgres {
 
     const CLAIM_READS_FIRST: bool = true;
     const ONE_WRITER: bool = false;
+    const OWN_BEGIN: Option<EndTx<Self>> = Some(end_transaction);
 
     async fn claim(
         conn: &mut PgConnection,
@@ -276,8 +279,9 @@ impl Dialect for Postgres {
         // in a statement after the lock's (its snapshot sees whatever the
         // lock's last holder committed), and the row is written once, at
         // commit, completed. No row to update, no dead version of it left
-        // behind, and a crash leaves nothing to clean up. Lock and read go
-        // in one round trip (`script.rs`).
+        // behind, and a crash leaves nothing to clean up. BEGIN, lock and
+        // read go in one round trip (`script.rs`): the transaction is the
+        // claim's own (`OWN_BEGIN`).
         let (table, lock_id) = (&*q.table, advisory_key(args.key_hash));
         let timeout_ms = lock_timeout.as_millis();
         let script = script::claim(table, lock_id, args.key_hash, timeout_ms);
@@ -328,7 +332,7 @@ impl Dialect for Postgres {
     }
 
     async fn tx_commit(
-        mut tx: sqlx::Transaction<'static, Self>,
+        mut tx: ClaimTx<Self>,
         q: &Queries,
         args: ClaimArgs<'_>,
         outcome: &[u8],
@@ -345,9 +349,11 @@ impl Dialect for Postgres {
             },
         );
         match sqlx::raw_sql(AssertSqlSafe(script)).execute(&mut *tx).await {
-            // Committed; dropping `tx` rolls back the empty transaction
-            // the commit chained (`script::commit`).
-            Ok(_) => Ok(true),
+            // Committed: the transaction is over.
+            Ok(_) => {
+                tx.ended();
+                Ok(true)
+            }
             // A live row in the way: the insert failed, nothing after it
             // ran.
             Err(err) if has_code(&err, &["23505"]) => {
@@ -410,6 +416,16 @@ impl Dialect for Postgres {
             .await?;
         row.try_get(0)
     }
+}
+
+/// Ends the transaction a transactional claim began itself
+/// ([`Dialect::OWN_BEGIN`]).
+fn end_transaction(
+    conn: &mut PgConnection,
+    commit: bool,
+) -> BoxFuture<'_, Result<(), sqlx::Error>> {
+    let statement = if commit { "COMMIT" } else { "ROLLBACK" };
+    Box::pin(async move { sqlx::raw_sql(statement).execute(conn).await.map(drop) })
 }
 
 /// Takes the advisory lock `name` in the transaction on `conn`, waiting for

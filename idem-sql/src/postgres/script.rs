@@ -5,9 +5,9 @@
 //! PostgreSQL runs them in order and answers them all in one round trip,
 //! each statement with a snapshot of its own (READ COMMITTED), so a read
 //! after a lock in the same query sees what the lock's last holder
-//! committed. So a transactional claim costs one round trip at its start
-//! (the key's lock and the read of its record) and none of its own at its
-//! end (the completed record goes with COMMIT).
+//! committed. So a transactional claim costs no round trip of its own: its
+//! BEGIN, the key's lock and the read of its record go in one, where sqlx
+//! would have sent BEGIN alone, and the completed record goes with COMMIT.
 //!
 //! A simple query has no parameters: the values are written into its text,
 //! as the arguments of statements prepared once per connection (below), so
@@ -23,13 +23,21 @@
 //! `hex_digits.rs` by path: they need nothing but std) checks that no
 //! value changes a script's shape.
 
+use std::fmt::Write;
+
 /// `value` as a `bytea` literal: an escape string of its bytes in
 /// hexadecimal, `E'\\x…'`.
 pub(crate) fn bytes(value: &[u8]) -> String {
-    let mut out = String::from("E'\\\\x");
-    crate::hex_digits::push(&mut out, value);
-    out.push('\'');
+    let mut out = String::with_capacity(value.len() * 2 + 6);
+    push_bytes(&mut out, value);
     out
+}
+
+/// Appends `value` as a `bytea` literal ([`bytes`]).
+fn push_bytes(out: &mut String, value: &[u8]) {
+    out.push_str("E'\\\\x");
+    crate::hex_digits::push(out, value);
+    out.push('\'');
 }
 
 /// The error PostgreSQL answers an `EXECUTE` of a statement the session
@@ -112,19 +120,19 @@ pub(crate) fn prepare_missing(table: &str, prepared: &[String]) -> String {
     .join("; ")
 }
 
-/// Rolls back the transaction a failed prepare aborted, begins another, and
-/// reads which of the statements on `table` the session has.
+/// Reads which of the statements on `table` the session has, after a
+/// prepare that failed partway: the failure rolled back the query's
+/// statements before its BEGIN, so no transaction is open.
 pub(crate) fn which_prepared(table: &str) -> String {
     let names = statement_names(table)
         .map(|name| format!("'{name}'"))
         .join(", ");
-    format!(
-        "ROLLBACK; BEGIN; SELECT name::text FROM pg_prepared_statements WHERE name IN ({names})"
-    )
+    format!("SELECT name::text FROM pg_prepared_statements WHERE name IN ({names})")
 }
 
-/// [`prepare_and_claim`] preparing only the statements not in `prepared`,
-/// in the transaction [`which_prepared`] began.
+/// [`prepare_and_claim`] preparing only the statements not in `prepared`
+/// ([`which_prepared`]). The prepares go before the claim's BEGIN, which
+/// makes the transaction they run in the claim's.
 pub(crate) fn prepare_missing_and_claim(
     table: &str,
     prepared: &[String],
@@ -141,25 +149,29 @@ pub(crate) fn prepare_missing_and_claim(
     }
 }
 
-/// The start of a transactional claim, in the transaction just begun: the
-/// key's advisory lock `lock_id`, tried without waiting (held by the
-/// transaction until it ends, and by nothing once its session is gone); the
-/// lock timeout of the handler's statements, `timeout_ms`; then the key's
-/// record. Answers a row (locked, setting) and, if the key has a record, a
+/// The start of a transactional claim: BEGIN (the transaction is the
+/// claim's own, `claim_tx.rs`); the key's advisory lock `lock_id`, tried
+/// without waiting (held by the transaction until it ends, and by nothing
+/// once its session is gone); the lock timeout of the handler's
+/// statements, `timeout_ms`; then the key's record. Answers a row (locked, setting) and, if the key has a record, a
 /// row of it as the store's `select` reads it (state, owner, fingerprint,
 /// outcome, milliseconds left).
 pub(crate) fn claim(table: &str, lock_id: i64, key_hash: &[u8; 32], timeout_ms: u128) -> String {
-    format!(
-        "EXECUTE idem{GENERATION}_lock_{table}({lock_id}, '{timeout_ms}ms'); \
-         EXECUTE idem{GENERATION}_read_{table}({hash})",
-        hash = bytes(key_hash),
+    let mut out = String::with_capacity(2 * table.len() + 170);
+    write!(
+        out,
+        "BEGIN; EXECUTE idem{GENERATION}_lock_{table}({lock_id}, '{timeout_ms}ms'); \
+         EXECUTE idem{GENERATION}_read_{table}("
     )
+    .expect("a String takes any text");
+    push_bytes(&mut out, key_hash);
+    out.push(')');
+    out
 }
 
 /// [`claim`] on a connection that has not prepared the statements: the
-/// transaction the failed attempt aborted rolled back, a new one begun
-/// (sqlx's handle counts one transaction open throughout), the statements
-/// prepared, then the claim.
+/// transaction the failed attempt began and aborted rolled back, the
+/// statements prepared, then the claim.
 pub(crate) fn prepare_and_claim(
     table: &str,
     lock_id: i64,
@@ -167,7 +179,7 @@ pub(crate) fn prepare_and_claim(
     timeout_ms: u128,
 ) -> String {
     format!(
-        "ROLLBACK; BEGIN; {}",
+        "ROLLBACK; {}",
         prepare_missing_and_claim(table, &[], lock_id, key_hash, timeout_ms)
     )
 }
@@ -183,25 +195,28 @@ pub(crate) struct Completed<'a> {
 
 /// The end of a transactional claim whose start found no live record: the
 /// completed record inserted (and an expired one of the key deleted:
-/// [`prepare_missing`]), COMMIT. A live record in the way (written past the lock,
-/// by a plain claim) makes the insert fail on the unique index, and the
-/// rest of the query is not run: nothing commits.
-///
-/// The commit chains a new transaction (`COMMIT AND CHAIN`, PostgreSQL 12
-/// and later): sqlx still counts the transaction as open, and rolls it back
-/// when its handle is dropped (with the check it runs on every connection
-/// given back to the pool, in the same round trip); what it rolls back is
-/// this empty transaction, which holds no snapshot and no lock.
+/// [`prepare_missing`]), COMMIT, which ends the claim's own transaction
+/// (`claim_tx.rs`). A live record in the way (written past the lock, by a
+/// plain claim) makes the insert fail on the unique index, and the rest of
+/// the query is not run: nothing commits.
 pub(crate) fn commit(table: &str, record: &Completed<'_>) -> String {
-    format!(
-        "EXECUTE idem{GENERATION}_insert_{table}({hash}, {key}, {fingerprint}, {outcome}, {ttl_ms}); \
-         COMMIT AND CHAIN",
-        hash = bytes(record.key_hash),
-        key = bytes(record.key.as_bytes()),
-        fingerprint = bytes(record.fingerprint),
-        outcome = bytes(record.outcome),
-        ttl_ms = record.ttl_ms,
-    )
+    let values = [
+        &record.key_hash[..],
+        record.key.as_bytes(),
+        record.fingerprint,
+        record.outcome,
+    ];
+    // Built in place, each value's digits written once: the stored
+    // response can be most of the text.
+    let digits: usize = values.iter().map(|value| 2 * value.len() + 8).sum();
+    let mut out = String::with_capacity(table.len() + digits + 60);
+    write!(out, "EXECUTE idem{GENERATION}_insert_{table}(").expect("a String takes any text");
+    for value in values {
+        push_bytes(&mut out, value);
+        out.push_str(", ");
+    }
+    write!(out, "{}); COMMIT", record.ttl_ms).expect("a String takes any text");
+    out
 }
 
 #[cfg(test)]
