@@ -98,6 +98,7 @@ impl<DB: Dialect> ClaimTx<DB> {
     /// Lets go of a transaction a statement of the caller's ended (a COMMIT
     /// in its query): a connection of our own goes back to the pool as it
     /// is; sqlx's handle rolls back what it still counts open.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub(crate) fn ended(self) {
         if let Kind::Own(mut own) = self.kind {
             own.conn = None;
