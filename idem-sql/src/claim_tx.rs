@@ -29,6 +29,21 @@ pub type EndTx<DB> = for<'c> fn(
     bool,
 ) -> BoxFuture<'c, Result<(), sqlx::Error>>;
 
+/// Ends the transaction open on `conn` with COMMIT or ROLLBACK: the
+/// [`EndTx`] of a database whose claims begin their own
+/// ([`Dialect::OWN_BEGIN`]).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn end_transaction<DB: Dialect>(
+    conn: &mut DB::Connection,
+    commit: bool,
+) -> BoxFuture<'_, Result<(), sqlx::Error>>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    let statement = if commit { "COMMIT" } else { "ROLLBACK" };
+    Box::pin(async move { sqlx::raw_sql(statement).execute(conn).await.map(drop) })
+}
+
 /// The open transaction of a transactional claim, lent to the handler
 /// through [`TxSlot`](crate::TxSlot): it dereferences to the connection,
 /// which is what `Tx` and [`PhaseTx`](crate::PhaseTx) hand out. Committed

@@ -10,7 +10,7 @@ use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, Connection, MySql};
 
 use super::ClaimTx;
-use super::claim_tx::EndTx;
+use super::claim_tx::{EndTx, end_transaction};
 use super::dialect::bound_point_statements;
 use super::dialect::{
     ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, bind_all, has_code, record_row,
@@ -259,7 +259,7 @@ impl Dialect for MySql {
 
     const CLAIM_READS_FIRST: bool = false;
     const ONE_WRITER: bool = false;
-    const OWN_BEGIN: Option<EndTx<Self>> = Some(end_transaction);
+    const OWN_BEGIN: Option<EndTx<Self>> = Some(end_transaction::<Self>);
 
     async fn claim(
         conn: &mut MySqlConnection,
@@ -431,16 +431,6 @@ impl Dialect for MySql {
         // ER_LOCK_WAIT_TIMEOUT, ER_LOCK_DEADLOCK (SQLSTATE HY000 / 40001)
         matches!(error_number(err), Some(1205 | 1213)) || has_code(err, &["40001"])
     }
-}
-
-/// Ends the transaction a transactional claim began itself
-/// ([`Dialect::OWN_BEGIN`]).
-fn end_transaction(
-    conn: &mut MySqlConnection,
-    commit: bool,
-) -> BoxFuture<'_, Result<(), sqlx::Error>> {
-    let statement = if commit { "COMMIT" } else { "ROLLBACK" };
-    Box::pin(async move { sqlx::raw_sql(statement).execute(conn).await.map(drop) })
 }
 
 /// Stamps the lease of a claim's own row again, from now, whether or not

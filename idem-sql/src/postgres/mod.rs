@@ -17,11 +17,11 @@ mod session;
 pub use literal::inline;
 
 use super::ClaimTx;
-use super::claim_tx::EndTx;
+use super::claim_tx::{EndTx, end_transaction};
 use super::dialect::{
     ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, Value, has_code, run_migrations, sealed,
 };
-use idem_core::{BoxFuture, OwnerToken};
+use idem_core::OwnerToken;
 use session::Statement;
 
 const MIGRATIONS: &[(i64, &str)] = &[
@@ -168,7 +168,7 @@ impl Dialect for Postgres {
 
     const CLAIM_READS_FIRST: bool = true;
     const ONE_WRITER: bool = false;
-    const OWN_BEGIN: Option<EndTx<Self>> = Some(end_transaction);
+    const OWN_BEGIN: Option<EndTx<Self>> = Some(end_transaction::<Self>);
 
     async fn claim(
         conn: &mut PgConnection,
@@ -416,16 +416,6 @@ impl Dialect for Postgres {
             .await?;
         row.try_get(0)
     }
-}
-
-/// Ends the transaction a transactional claim began itself
-/// ([`Dialect::OWN_BEGIN`]).
-fn end_transaction(
-    conn: &mut PgConnection,
-    commit: bool,
-) -> BoxFuture<'_, Result<(), sqlx::Error>> {
-    let statement = if commit { "COMMIT" } else { "ROLLBACK" };
-    Box::pin(async move { sqlx::raw_sql(statement).execute(conn).await.map(drop) })
 }
 
 /// Takes the advisory lock `name` in the transaction on `conn`, waiting for
