@@ -82,10 +82,17 @@ pub(crate) struct Held {
     _permit: OwnedSemaphorePermit,
 }
 
+impl OpenKey {
+    /// Tells the key's waiters how the check went.
+    pub(crate) fn checked(&self, check: Check) {
+        self.check.send_replace(check);
+    }
+}
+
 impl Held {
     /// Tells the key's waiters how the check went.
     pub(crate) fn checked(&self, check: Check) {
-        self.key.check.send_replace(check);
+        self.key.checked(check);
     }
 }
 

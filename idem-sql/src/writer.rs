@@ -95,6 +95,12 @@ impl WriterTurns {
         self.waiting.load(Ordering::SeqCst)
     }
 
+    /// How many turns are free now: 0 while a writer has the turn (or
+    /// where writers take no turns).
+    pub(crate) fn free(&self) -> usize {
+        self.one.as_ref().map_or(0, |one| one.available_permits())
+    }
+
     /// Waits for the turn to write, up to `within`; `None` if it did not
     /// come.
     pub(crate) async fn wait(&self, within: Duration) -> Option<Turn> {
@@ -116,14 +122,6 @@ impl WriterTurns {
         Some(Turn {
             _permit: Some(permit),
         })
-    }
-}
-
-#[cfg(all(test, idem_loom))]
-impl WriterTurns {
-    /// How many turns are free now (for the loom checks of `relay.rs`).
-    pub(crate) fn free(&self) -> usize {
-        self.one.as_ref().map_or(0, |one| one.available_permits())
     }
 }
 

@@ -3,7 +3,8 @@
 //! write starts the first of them in its commit's own call, and hands it
 //! the transaction and the turn. These tests check the order and the
 //! count of those hand-offs, a waiting claim that is dropped or finds its
-//! key completed, that the line yields to a batch of plain writes waiting
+//! key completed, a duplicate of a completed key answered without a place
+//! in the line, that the line yields to a batch of plain writes waiting
 //! for the turn, under concurrent duplicates from two stores on one file
 //! that every key's handler writes once, that claims dropped at any
 //! moment leave the lock and the pool's connections as they found them,
@@ -132,13 +133,42 @@ async fn effects_of(pool: &SqlitePool, name: &str) -> i64 {
         .unwrap()
 }
 
+/// Hides the committed record of `name`: moved to a table of its own.
+/// [`unhide`] in a transaction puts it back.
+async fn hide(pool: &SqlitePool, name: &str) {
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("CREATE TABLE hidden AS SELECT * FROM idem_records WHERE idem_key = ?1")
+        .bind(key(name).as_str())
+        .execute(&mut *tx)
+        .await
+        .expect("the record copied");
+    sqlx::query("DELETE FROM idem_records WHERE idem_key = ?1")
+        .bind(key(name).as_str())
+        .execute(&mut *tx)
+        .await
+        .expect("the record hidden");
+    tx.commit().await.unwrap();
+}
+
+/// Puts the record [`hide`] hid back, in the transaction of `handle`: as
+/// another process completing its key would, seen once it commits.
+async fn unhide(handle: TxHandle) {
+    let mut guard = handle.get::<TxSlot<Sqlite>>().unwrap().lock().await;
+    sqlx::query("INSERT INTO idem_records SELECT * FROM hidden")
+        .execute(&mut **guard.as_mut().unwrap())
+        .await
+        .expect("the record back, in the claim's transaction");
+}
+
 /// Claims wait in line behind an open claim: a fresh key, one dropped
-/// while it waits, a key completed before, another fresh key. The open
-/// claim's commit starts the first; its commit starts the duplicate (the
-/// dropped claim left the line), which replays and rolls back, giving the
-/// turn back; the last takes it and starts itself. Two hand-offs, counted;
-/// every effect once. With a busy timeout of zero, a lock let go and
-/// taken again while another connection wrote would fail at once.
+/// while it waits, a key completed in the open claim's transaction (by
+/// another process, as its read before the line saw it: absent), another
+/// fresh key. The open claim's commit starts the first; its commit starts
+/// the duplicate (the dropped claim left the line), which replays and
+/// rolls back, giving the turn back; the last takes it and starts itself.
+/// Two hand-offs, counted; every effect once. With a busy timeout of zero,
+/// a lock let go and taken again while another connection wrote would
+/// fail at once.
 ///
 /// On a current-thread runtime: the metrics recorder is this thread's.
 #[tokio::test]
@@ -149,9 +179,11 @@ async fn waiting_claims_are_started_by_the_commit_before_in_order() {
     let (_, pool) = file(Duration::ZERO).await;
     let store = store_on(pool.clone()).await;
     assert_eq!(claim_write_commit(&store, "completed").await, None);
+    hide(&pool, "completed").await;
 
     let holder = open(&store, "holder").await;
     write_effect(holder.handle(), "holder").await;
+    unhide(holder.handle()).await;
     let mut waiting = Vec::new();
     for name in ["first-in-line", "dropped", "completed", "last-in-line"] {
         let store = store.clone();
@@ -187,6 +219,50 @@ async fn waiting_claims_are_started_by_the_commit_before_in_order() {
         count(&pool, "SELECT COUNT(*) FROM idem_records WHERE state = 'C'").await,
         4,
         "the dropped claim left nothing"
+    );
+}
+
+/// A duplicate of a completed key is answered from a plain read while
+/// another claim holds the turn to write, without waiting for it: with
+/// the holder open past the lock timeout, a duplicate that waited for the
+/// turn to read the key under the lock would be told "in flight". It
+/// takes no place in the line: the holder's commit hands nothing on.
+///
+/// On a current-thread runtime: the metrics recorder is this thread's.
+#[tokio::test]
+async fn a_duplicate_of_a_completed_key_replays_while_another_claim_writes() {
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let scrape = recorder.handle();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let (_, pool) = file(Duration::ZERO).await;
+    let store = SqliteStore::builder(pool.clone())
+        .lock_timeout(Duration::from_millis(200))
+        .build()
+        .expect("a store");
+    store.migrate().await.expect("migrate");
+    assert_eq!(claim_write_commit(&store, "completed").await, None);
+
+    let holder = open(&store, "holder").await;
+    write_effect(holder.handle(), "holder").await;
+    let duplicate = tokio::spawn({
+        let store = store.clone();
+        async move { claim_write_commit(&store, "completed").await }
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(duplicate.is_finished(), "the duplicate waited for the turn");
+    assert_eq!(
+        duplicate.await.unwrap(),
+        Some(Duplicate::Replay(done("completed"))),
+        "answered while the holder writes"
+    );
+    holder.commit(&done("holder"), KEEP).await.expect("commit");
+
+    assert_eq!(effects_of(&pool, "completed").await, 1);
+    assert_eq!(effects_of(&pool, "holder").await, 1);
+    let relayed = scrape.render();
+    assert!(
+        !relayed.contains("idem_sqlite_claims_relayed_total"),
+        "no claim waited in line\n{relayed}"
     );
 }
 
