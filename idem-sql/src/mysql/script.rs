@@ -28,8 +28,10 @@
 //! innodb_lock_wait_timeout = 0 FOR` (the session's lock wait stays the
 //! handler's), and `EXECUTE ... USING` takes the values themselves, not
 //! user variables. Every statement of a text query is a dispatch and an
-//! answer of its own, sent apart; MariaDB runs 11 per first request that
-//! way, against 13.
+//! answer of its own, sent apart, and the client wakes to read each; so
+//! MariaDB's commit is one compound statement (`BEGIN NOT ATOMIC ...
+//! END`), answered once, whose check signals rather than fails a
+//! subquery.
 //!
 //! A text query has no parameters: the values are written into its text,
 //! as user variables the `EXECUTE`s take. Only values the store makes go
@@ -229,7 +231,8 @@ pub(crate) fn prepare(q: &Queries, server: Server, script: &str) -> String {
 
 /// MySQL's error when a scalar subquery returns more than one row
 /// (`ER_SUBQUERY_NO_1_ROW`): what [`commit`]'s check raises when the
-/// completion found no row of the claim's.
+/// completion found no row of the claim's, and the number MariaDB's
+/// compound commit signals then ([`commit_mariadb`]).
 pub(crate) const NOT_COMPLETED: u32 = 1242;
 
 /// The start of a transactional claim: BEGIN (the transaction is the
@@ -278,13 +281,15 @@ pub(crate) fn claim(q: &Queries, args: &ClaimArgs<'_>, lock_wait_secs: u64) -> S
     out
 }
 
-/// [`claim`] on MariaDB ([`Server::MariaDb`]): BEGIN, the session's lock
-/// wait for the handler's statements, `lock_wait_secs`, then the claim's
-/// upsert, which waits for no lock by itself and answers the key's row.
-/// If the upsert fails, the session's lock wait is already the handler's.
+/// [`claim`] on MariaDB ([`Server::MariaDb`]), one compound statement
+/// (`BEGIN NOT ATOMIC ... END`, answered with the upsert's row and one
+/// packet more): START TRANSACTION, the session's lock wait for the
+/// handler's statements, `lock_wait_secs`, then the claim's upsert, which
+/// waits for no lock by itself and answers the key's row. If the upsert
+/// fails, the session's lock wait is already the handler's.
 pub(crate) fn claim_mariadb(q: &Queries, args: &ClaimArgs<'_>, lock_wait_secs: u64) -> String {
     let mut out = String::with_capacity(384 + q.table.len());
-    out.push_str("BEGIN; ");
+    out.push_str("BEGIN NOT ATOMIC START TRANSACTION; ");
     out.push_str(&lock_wait(lock_wait_secs));
     out.push_str("; ");
     Prepared::ClaimReturning.push_execute_values(
@@ -298,6 +303,7 @@ pub(crate) fn claim_mariadb(q: &Queries, args: &ClaimArgs<'_>, lock_wait_secs: u
             Literal::Int(args.lease_ms),
         ],
     );
+    out.push_str("; END");
     out
 }
 
@@ -351,10 +357,16 @@ pub(crate) fn commit(q: &Queries, record: &Completed<'_>) -> String {
     out
 }
 
-/// [`commit`] on MariaDB ([`Server::MariaDb`]): the completion's values
-/// in its `EXECUTE`, no user variable to set or to empty.
+/// [`commit`] on MariaDB ([`Server::MariaDb`]): one compound statement
+/// (`BEGIN NOT ATOMIC ... END`), with the completion's values in its
+/// `EXECUTE` (no user variable to set or to empty) and the check an `IF`
+/// that signals [`NOT_COMPLETED`]. A compound statement is answered once,
+/// where each statement of a text query is answered with a packet of its
+/// own: the server sends one packet for the commit, not three, and the
+/// client wakes once to read it.
 pub(crate) fn commit_mariadb(q: &Queries, record: &Completed<'_>) -> String {
     let mut out = String::with_capacity(2 * record.outcome.len() + 384 + q.table.len());
+    out.push_str("BEGIN NOT ATOMIC ");
     Prepared::Complete.push_execute_values(
         &mut out,
         &q.table,
@@ -365,11 +377,18 @@ pub(crate) fn commit_mariadb(q: &Queries, record: &Completed<'_>) -> String {
             Literal::Bytes(record.owner),
         ],
     );
-    out.push_str("; SET ");
-    out.push_str(CHECK);
-    out.push_str("; COMMIT");
+    out.push_str("; ");
+    out.push_str(SIGNAL_UNLESS_COMPLETED);
+    out.push_str("; COMMIT; END");
     out
 }
+
+/// The check after the completion in MariaDB's compound commit
+/// ([`commit_mariadb`]): [`NOT_COMPLETED`] signalled unless the update
+/// matched one row.
+const SIGNAL_UNLESS_COMPLETED: &str = "IF ROW_COUNT() <> 1 THEN \
+     SIGNAL SQLSTATE '45000' SET MYSQL_ERRNO = 1242, \
+     MESSAGE_TEXT = 'idem: the claim''s record was not completed'; END IF";
 
 /// The check after the completion, an assignment of a `SET` ([`commit`]).
 const CHECK: &str = "@idem_completed = \
@@ -469,8 +488,9 @@ mod tests {
         assert_eq!(
             script,
             format!(
-                "BEGIN; SET SESSION innodb_lock_wait_timeout = 7; EXECUTE idem1_claimr_t USING {}, \
-                 CONVERT(X'6b27' USING utf8mb4), {owner_hex}, {}, 30000",
+                "BEGIN NOT ATOMIC START TRANSACTION; SET SESSION innodb_lock_wait_timeout = 7; \
+                 EXECUTE idem1_claimr_t USING {}, CONVERT(X'6b27' USING utf8mb4), {owner_hex}, \
+                 {}, 30000; END",
                 bytes(&hash),
                 bytes(&[2; 32]),
             )
@@ -484,13 +504,17 @@ mod tests {
                 ttl_ms: 5,
             },
         );
-        assert!(
-            commit.starts_with(&format!(
-                "EXECUTE idem1_complete_t USING X'6f', 5, {}, {owner_hex}; SET @idem_completed",
+        assert_eq!(
+            commit,
+            format!(
+                "BEGIN NOT ATOMIC EXECUTE idem1_complete_t USING X'6f', 5, {}, {owner_hex}; \
+                 {SIGNAL_UNLESS_COMPLETED}; COMMIT; END",
                 bytes(&hash)
-            )),
-            "{commit}"
+            ),
         );
-        assert!(commit.ends_with("; COMMIT"), "{commit}");
+        assert!(
+            SIGNAL_UNLESS_COMPLETED.contains(&format!("MYSQL_ERRNO = {NOT_COMPLETED},")),
+            "the check signals the error the commit looks for"
+        );
     }
 }
