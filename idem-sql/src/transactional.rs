@@ -38,7 +38,7 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
             // of a completed key is answered without waiting for it.
             if DB::ONE_WRITER
                 && self.inner.writer.free() == 0
-                && let Some(duplicate) = self.read_before_turn(&hash, fingerprint).await?
+                && let Some(duplicate) = self.read_before_turn(&hash, fingerprint).await
             {
                 mark.checked(Check::Answered(*fingerprint, duplicate.clone()));
                 return Ok(TxClaim::Duplicate(duplicate));
@@ -147,24 +147,26 @@ impl<DB: Dialect> SqlStore<DB> {
     /// read of its own. Under load the read is paid: about 60 µs of CPU
     /// per first request at 2,000 a second on the benchmark's machine, not
     /// its throughput at saturation (docs/benchmark-history.md).
+    ///
+    /// Only on a connection the pool has idle now, and `None` if it has
+    /// none or the read fails: it saves a duplicate the wait for the turn,
+    /// and must not add a wait of its own. With every connection taken (by
+    /// the open claims and the application's own queries) a claim would
+    /// wait for one up to the pool's acquire timeout, where it waits for
+    /// the turn up to the lock timeout, and under load is handed a
+    /// connection with the turn. The claim's read under the lock reports
+    /// what this one met.
     async fn read_before_turn(
         &self,
         hash: &[u8; 32],
         fingerprint: &Fingerprint,
-    ) -> Result<Option<Duplicate>, Error> {
-        let mut conn = self.inner.pool.acquire().await.map_err(unavailable)?;
+    ) -> Option<Duplicate> {
+        let mut conn = self.inner.pool.try_acquire()?;
         let row = DB::read(&mut conn, &self.inner.queries, hash)
             .await
-            .map_err(unavailable)?;
+            .ok()??;
         drop(conn);
-        match row
-            .map(|row| row.answer(fingerprint))
-            .transpose()?
-            .flatten()
-        {
-            Some(claim) => Ok(claim.acquired().err()),
-            None => Ok(None),
-        }
+        row.answer(fingerprint).ok()??.acquired().err()
     }
 
     /// A transaction begun for the claim of `hash`, with the turn to

@@ -4,7 +4,8 @@
 //! the transaction and the turn. These tests check the order and the
 //! count of those hand-offs, a waiting claim that is dropped or finds its
 //! key completed, a duplicate of a completed key answered without a place
-//! in the line, that the line yields to a batch of plain writes waiting
+//! in the line (and, with no connection idle to read on, waiting for the
+//! turn as before), that the line yields to a batch of plain writes waiting
 //! for the turn, under concurrent duplicates from two stores on one file
 //! that every key's handler writes once, that claims dropped at any
 //! moment leave the lock and the pool's connections as they found them,
@@ -263,6 +264,47 @@ async fn a_duplicate_of_a_completed_key_replays_while_another_claim_writes() {
     assert!(
         !relayed.contains("idem_sqlite_claims_relayed_total"),
         "no claim waited in line\n{relayed}"
+    );
+}
+
+/// The read before the turn takes only a connection the pool has idle:
+/// with every connection taken (one by an open claim, the others by the
+/// application), a duplicate waits for the turn as it did before, up to
+/// the lock timeout, and is told "in flight"; it is not held for the
+/// pool's acquire timeout waiting for a connection to read on.
+#[tokio::test]
+async fn a_duplicate_finding_no_idle_connection_waits_for_the_turn_alone() {
+    let (options, first_pool) = file(Duration::from_secs(5)).await;
+    first_pool.close().await;
+    let pool = SqlitePoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await
+        .expect("a SQLite file in the temp directory");
+    let store = SqliteStore::builder(pool.clone())
+        .lock_timeout(Duration::from_millis(200))
+        .max_transactions(2)
+        .build()
+        .expect("a store");
+    store.migrate().await.expect("migrate");
+    assert_eq!(claim_write_commit(&store, "completed").await, None);
+
+    let holder = open(&store, "holder").await;
+    let mut taken = Vec::new();
+    for _ in 0..3 {
+        taken.push(pool.acquire().await.expect("the application's connection"));
+    }
+    let answered = tokio::time::timeout(Duration::from_secs(2), claim(&store, "completed")).await;
+    let Ok(TxClaim::Duplicate(Duplicate::InFlight { .. })) = answered else {
+        panic!("told in flight at the lock timeout: {answered:?}");
+    };
+    drop(taken);
+    holder.commit(&done("holder"), KEEP).await.expect("commit");
+    assert_eq!(
+        claim_write_commit(&store, "completed").await,
+        Some(Duplicate::Replay(done("completed"))),
+        "replayed once connections are idle"
     );
 }
 
