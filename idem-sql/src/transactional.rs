@@ -35,7 +35,10 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
                 }
             };
             // Where writers take turns and the turn is taken, a duplicate
-            // of a completed key is answered without waiting for it.
+            // of a completed key is answered without waiting for it. What
+            // the read waited for its connection comes off the wait for the
+            // turn, so that the claim waits no longer than the lock timeout.
+            let reading = tokio::time::Instant::now();
             if DB::ONE_WRITER
                 && self.inner.writer.free() == 0
                 && let Some(duplicate) = self.read_before_turn(&hash, fingerprint).await
@@ -43,6 +46,7 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
                 mark.checked(Check::Answered(*fingerprint, duplicate.clone()));
                 return Ok(TxClaim::Duplicate(duplicate));
             }
+            let turn_within = self.inner.lock_timeout.saturating_sub(reading.elapsed());
             // Our turn among this process's open claims, waited for without a
             // connection.
             let acquire_timeout = self.inner.pool.options().get_acquire_timeout();
@@ -56,7 +60,7 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
                 mut tx,
                 turn,
                 relayed,
-            }) = self.begin_in_turn(&hash).await?
+            }) = self.begin_in_turn(&hash, turn_within).await?
             else {
                 return Ok(in_flight(lease));
             };
@@ -148,20 +152,21 @@ impl<DB: Dialect> SqlStore<DB> {
     /// per first request at 2,000 a second on the benchmark's machine, not
     /// its throughput at saturation (docs/benchmark-history.md).
     ///
-    /// Only on a connection the pool has idle now, and `None` if it has
-    /// none or the read fails: it saves a duplicate the wait for the turn,
-    /// and must not add a wait of its own. With every connection taken (by
-    /// the open claims and the application's own queries) a claim would
-    /// wait for one up to the pool's acquire timeout, where it waits for
-    /// the turn up to the lock timeout, and under load is handed a
-    /// connection with the turn. The claim's read under the lock reports
-    /// what this one met.
+    /// Its connection is waited for up to the lock timeout, not the pool's
+    /// acquire timeout: with every connection taken (by the open claims
+    /// and the application's own queries) the claim would otherwise wait
+    /// far longer than for the turn, and under load the turn comes with a
+    /// connection of its own. `None` too if no connection came in time or
+    /// the read failed: the read saves a duplicate the wait for the turn,
+    /// and the claim's read under the lock reports what this one met.
     async fn read_before_turn(
         &self,
         hash: &[u8; 32],
         fingerprint: &Fingerprint,
     ) -> Option<Duplicate> {
-        let mut conn = self.inner.pool.try_acquire()?;
+        let acquired =
+            tokio::time::timeout(self.inner.lock_timeout, self.inner.pool.acquire()).await;
+        let mut conn = acquired.ok()?.ok()?;
         let row = DB::read(&mut conn, &self.inner.queries, hash)
             .await
             .ok()??;
@@ -170,7 +175,8 @@ impl<DB: Dialect> SqlStore<DB> {
     }
 
     /// A transaction begun for the claim of `hash`, with the turn to
-    /// write; `None` if the turn did not come within the lock timeout.
+    /// write; `None` if the turn did not come `within` (what is left of
+    /// the lock timeout).
     ///
     /// On SQLite the transaction holds the write lock from its claim to its
     /// commit: it takes the turn to write for all of it, and a turn that
@@ -181,8 +187,12 @@ impl<DB: Dialect> SqlStore<DB> {
     /// turn was free, or given back by another writer, and the claim takes
     /// a connection and begins with BEGIN IMMEDIATE, which takes the lock
     /// ([`SqlStore::begin_claim`]).
-    async fn begin_in_turn(&self, hash: &[u8; 32]) -> Result<Option<Begun<DB>>, Error> {
-        let (writer, within) = (&self.inner.writer, self.inner.lock_timeout);
+    async fn begin_in_turn(
+        &self,
+        hash: &[u8; 32],
+        within: Duration,
+    ) -> Result<Option<Begun<DB>>, Error> {
+        let writer = &self.inner.writer;
         let waited = if writer.one_at_a_time() {
             self.inner.relay.wait(writer, *hash, within).await
         } else {

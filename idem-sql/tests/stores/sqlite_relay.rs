@@ -4,8 +4,8 @@
 //! the transaction and the turn. These tests check the order and the
 //! count of those hand-offs, a waiting claim that is dropped or finds its
 //! key completed, a duplicate of a completed key answered without a place
-//! in the line (and, with no connection idle to read on, waiting for the
-//! turn as before), that the line yields to a batch of plain writes waiting
+//! in the line (and, with no connection to read on, told "in flight" at
+//! the lock timeout), that the line yields to a batch of plain writes waiting
 //! for the turn, under concurrent duplicates from two stores on one file
 //! that every key's handler writes once, that claims dropped at any
 //! moment leave the lock and the pool's connections as they found them,
@@ -267,13 +267,13 @@ async fn a_duplicate_of_a_completed_key_replays_while_another_claim_writes() {
     );
 }
 
-/// The read before the turn takes only a connection the pool has idle:
-/// with every connection taken (one by an open claim, the others by the
-/// application), a duplicate waits for the turn as it did before, up to
-/// the lock timeout, and is told "in flight"; it is not held for the
+/// The read before the turn waits for its connection up to the lock
+/// timeout, and the turn for what is left of it: with every connection of
+/// the pool taken (one by an open claim, the others by the application),
+/// a duplicate is told "in flight" at the lock timeout, not held for the
 /// pool's acquire timeout waiting for a connection to read on.
 #[tokio::test]
-async fn a_duplicate_finding_no_idle_connection_waits_for_the_turn_alone() {
+async fn a_duplicate_finding_no_connection_waits_no_longer_than_the_lock_timeout() {
     let (options, first_pool) = file(Duration::from_secs(5)).await;
     first_pool.close().await;
     let pool = SqlitePoolOptions::new()
