@@ -367,7 +367,7 @@ impl Dialect for MySql {
             // MariaDB's upsert waits for no lock by itself: the session's
             // lock wait is the handler's already.
             Err(err) if server == Server::MariaDb && Self::is_lock_timeout(&err) => {
-                return Ok(ClaimStep::Locked);
+                return locked(conn, q, args.key_hash).await;
             }
             Err(err) if server == Server::MariaDb => return Err(err),
             Err(err) => {
@@ -377,7 +377,7 @@ impl Dialect for MySql {
                     .execute(&mut *conn)
                     .await?;
                 return if Self::is_lock_timeout(&err) {
-                    Ok(ClaimStep::Locked)
+                    locked(conn, q, args.key_hash).await
                 } else {
                     Err(err)
                 };
@@ -430,6 +430,28 @@ impl Dialect for MySql {
     fn is_lock_timeout(err: &sqlx::Error) -> bool {
         // ER_LOCK_WAIT_TIMEOUT, ER_LOCK_DEADLOCK (SQLSTATE HY000 / 40001)
         matches!(error_number(err), Some(1205 | 1213)) || has_code(err, &["40001"])
+    }
+}
+
+/// What a transactional claim whose upsert met another transaction's lock
+/// on its key's row answers: the row as last committed, read without a
+/// lock, if it is live; else [`ClaimStep::Locked`], "in flight".
+///
+/// The upsert locks the row even where it changes nothing: a duplicate of
+/// a completed key, claimed at the same moment from another process (this
+/// process's duplicates wait for one claim of the key, `open.rs`), held
+/// the lock, and this one would have been told "in flight" for a key whose
+/// stored response it can replay. A row another transaction is writing is
+/// not seen until it commits: absent or expired, that is an attempt in
+/// flight.
+async fn locked(
+    conn: &mut MySqlConnection,
+    q: &Queries,
+    key_hash: &[u8; 32],
+) -> Result<ClaimStep, sqlx::Error> {
+    match MySql::read(conn, q, key_hash).await? {
+        Some(row) if row.ms_left > 0 => Ok(ClaimStep::Existing(row)),
+        _ => Ok(ClaimStep::Locked),
     }
 }
 

@@ -21,7 +21,8 @@ pub use transactions::{
     a_dropped_transaction_leaves_its_connection_clean,
     an_expired_record_is_taken_over_in_a_transaction,
     claims_and_commits_dropped_midway_leave_the_store_whole, commit_keeps_writes_and_outcome,
-    dropped_transaction_rolls_back, duplicate_of_an_open_transaction_is_in_flight_then_replays,
+    concurrent_duplicates_from_two_processes_all_replay, dropped_transaction_rolls_back,
+    duplicate_of_an_open_transaction_is_in_flight_then_replays,
     duplicate_past_the_lock_timeout_is_in_flight, keys_and_outcomes_of_any_bytes_round_trip,
     rollback_undoes_writes_and_claim,
 };
@@ -180,6 +181,7 @@ macro_rules! transactional_conformance_tests {
             dropped_transaction_rolls_back,
             a_dropped_transaction_leaves_its_connection_clean,
             duplicate_of_an_open_transaction_is_in_flight_then_replays,
+            concurrent_duplicates_from_two_processes_all_replay,
             a_claim_whose_connection_died_frees_its_key_at_once,
             duplicate_past_the_lock_timeout_is_in_flight,
             completed_key_answers_without_waiting_on_its_row,

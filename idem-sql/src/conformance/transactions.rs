@@ -130,6 +130,42 @@ pub async fn duplicate_of_an_open_transaction_is_in_flight_then_replays<DB: Test
     assert_eq!(effects(store.pool(), &nonce).await, 1);
 }
 
+/// Duplicates of a completed key arriving at once from two processes (two
+/// stores on one table) all replay it. A claim of a completed key holds
+/// the key for a moment (PostgreSQL's advisory lock, MySQL's row lock,
+/// SQLite's write lock), and a duplicate of the other process that met it
+/// was told "in flight" for a key whose response it could replay (this
+/// process's duplicates wait for one claim of the key instead).
+pub async fn concurrent_duplicates_from_two_processes_all_replay<DB: TestSql>(
+    store: Arc<SqlStore<DB>>,
+) {
+    const ROUNDS: usize = 10;
+    const EACH_ROUND: usize = 10;
+    let (key, nonce) = fresh_case(&store, "tx-dups").await;
+    let first = claim_and_write(&store, &key, &nonce).await;
+    first.commit(&response(), LONG).await.unwrap();
+    let elsewhere = Arc::new(another_process(&store));
+    for round in 0..ROUNDS {
+        let mut claims = tokio::task::JoinSet::new();
+        for n in 0..EACH_ROUND {
+            let store = if n % 2 == 0 {
+                Arc::clone(&store)
+            } else {
+                Arc::clone(&elsewhere)
+            };
+            let key = key.clone();
+            claims.spawn(async move { claim_in_transaction(&store, &key).await });
+        }
+        while let Some(claim) = claims.join_next().await {
+            match claim.expect("a claim's task") {
+                TxClaim::Duplicate(Duplicate::Replay(outcome)) => assert_eq!(outcome, response()),
+                other => panic!("round {round}: expected a replay, got {other:?}"),
+            }
+        }
+    }
+    assert_eq!(effects(store.pool(), &nonce).await, 1);
+}
+
 /// A claim whose transaction ended without committing (its connection
 /// gone, as when its process is killed) leaves the key free at once, for
 /// another process, with none of its writes.

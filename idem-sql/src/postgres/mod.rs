@@ -323,12 +323,20 @@ impl Dialect for Postgres {
             .first()
             .map(|row| row.try_get::<bool, _>(0))
             .transpose()?;
+        let record = rows.get(1).map(pg_record_row).transpose()?;
         if locked != Some(true) {
-            return Ok(ClaimStep::Locked);
+            // Another transaction holds the key's lock. The read went on
+            // without it and saw the record as last committed: a live one
+            // answers (a completed key's claim holds the lock for a moment,
+            // and a duplicate from another process meeting it replays
+            // rather than hearing "in flight"); a key being written is not
+            // seen until it commits.
+            return Ok(match record {
+                Some(row) if row.ms_left > 0 => ClaimStep::Existing(row),
+                _ => ClaimStep::Locked,
+            });
         }
-        Ok(ClaimStep::under_lock(
-            rows.get(1).map(pg_record_row).transpose()?,
-        ))
+        Ok(ClaimStep::under_lock(record))
     }
 
     async fn tx_commit(
