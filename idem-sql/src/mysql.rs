@@ -435,24 +435,18 @@ impl Dialect for MySql {
 
 /// What a transactional claim whose upsert met another transaction's lock
 /// on its key's row answers: the row as last committed, read without a
-/// lock, if it is live; else [`ClaimStep::Locked`], "in flight".
-///
-/// The upsert locks the row even where it changes nothing: a duplicate of
-/// a completed key, claimed at the same moment from another process (this
-/// process's duplicates wait for one claim of the key, `open.rs`), held
-/// the lock, and this one would have been told "in flight" for a key whose
-/// stored response it can replay. A row another transaction is writing is
-/// not seen until it commits: absent or expired, that is an attempt in
-/// flight.
+/// lock ([`ClaimStep::held_elsewhere`]). The upsert locks the row even
+/// where it changes nothing, so the lock may be a duplicate's of another
+/// process (this process's duplicates wait for one claim of the key,
+/// `open.rs`).
 async fn locked(
     conn: &mut MySqlConnection,
     q: &Queries,
     key_hash: &[u8; 32],
 ) -> Result<ClaimStep, sqlx::Error> {
-    match MySql::read(conn, q, key_hash).await? {
-        Some(row) if row.ms_left > 0 => Ok(ClaimStep::Existing(row)),
-        _ => Ok(ClaimStep::Locked),
-    }
+    Ok(ClaimStep::held_elsewhere(
+        MySql::read(conn, q, key_hash).await?,
+    ))
 }
 
 /// Stamps the lease of a claim's own row again, from now, whether or not

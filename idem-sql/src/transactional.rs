@@ -5,6 +5,7 @@
 //! written first, holds it and is completed at commit. On SQLite a commit
 //! starts the next waiting claim and hands it the lock (`relay.rs`).
 
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -34,19 +35,13 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
                     return Ok(self.answer_from_memory(check, fingerprint, lease).await);
                 }
             };
-            // Where writers take turns and the turn is taken, a duplicate
-            // of a completed key is answered without waiting for it. What
-            // the read waited for its connection comes off the wait for the
-            // turn, so that the claim waits no longer than the lock timeout.
-            let reading = tokio::time::Instant::now();
-            if DB::ONE_WRITER
-                && self.inner.writer.free() == 0
-                && let Some(duplicate) = self.read_before_turn(&hash, fingerprint).await
-            {
-                mark.checked(Check::Answered(*fingerprint, duplicate.clone()));
-                return Ok(TxClaim::Duplicate(duplicate));
-            }
-            let turn_within = self.inner.lock_timeout.saturating_sub(reading.elapsed());
+            let turn_within = match self.before_turn(&hash, fingerprint).await {
+                ControlFlow::Break(duplicate) => {
+                    mark.checked(Check::Answered(*fingerprint, duplicate.clone()));
+                    return Ok(TxClaim::Duplicate(duplicate));
+                }
+                ControlFlow::Continue(within) => within,
+            };
             // Our turn among this process's open claims, waited for without a
             // connection.
             let acquire_timeout = self.inner.pool.options().get_acquire_timeout();
@@ -132,9 +127,31 @@ impl<DB: Dialect> SqlStore<DB> {
         }
     }
 
+    /// Before a transactional claim waits for the turn to write: the
+    /// answer to a duplicate of a completed key, where writers take turns
+    /// and the turn is taken (SQLite), or else how long the claim may wait
+    /// for the turn: the lock timeout, less what the read waited for its
+    /// connection, so that the claim waits no longer than the lock timeout
+    /// in all.
+    async fn before_turn(
+        &self,
+        hash: &[u8; 32],
+        fingerprint: &Fingerprint,
+    ) -> ControlFlow<Duplicate, Duration> {
+        let lock_timeout = self.inner.lock_timeout;
+        if !DB::ONE_WRITER || self.inner.writer.free() > 0 {
+            return ControlFlow::Continue(lock_timeout);
+        }
+        let reading = tokio::time::Instant::now();
+        match self.read_before_turn(hash, fingerprint).await {
+            Some(duplicate) => ControlFlow::Break(duplicate),
+            None => ControlFlow::Continue(lock_timeout.saturating_sub(reading.elapsed())),
+        }
+    }
+
     /// What a plain read of `hash`'s record answers a claim with
-    /// `fingerprint`, on a database with one writer at a time (SQLite); `None`
-    /// if the key is absent or expired, and the claim is to be made.
+    /// `fingerprint` ([`SqlStore::before_turn`]); `None` if the key is
+    /// absent or expired, and the claim is to be made.
     ///
     /// There a transactional claim reads the key under the write lock, in
     /// the turn of every writer of the process: a duplicate of a completed

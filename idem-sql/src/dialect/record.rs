@@ -83,10 +83,22 @@ impl ClaimStep {
     /// claim's, and its commit inserts the completed record.
     #[cfg(any(feature = "postgres", feature = "sqlite"))]
     pub(crate) fn under_lock(found: Option<RecordRow>) -> Self {
-        match found {
-            Some(row) if row.ms_left > 0 => Self::Existing(row),
-            _ => Self::Acquired,
-        }
+        Self::live(found).unwrap_or(Self::Acquired)
+    }
+
+    /// What a transactional claim whose key another transaction holds
+    /// found by a read without the lock, of the record as last committed:
+    /// a live record answers (a claim of a completed key holds the key for
+    /// a moment, and another process's duplicate meeting it replays); a
+    /// key being written is not seen until it commits, and is in flight.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    pub(crate) fn held_elsewhere(found: Option<RecordRow>) -> Self {
+        Self::live(found).unwrap_or(Self::Locked)
+    }
+
+    /// `found`, if it is a live record.
+    fn live(found: Option<RecordRow>) -> Option<Self> {
+        found.filter(|row| row.ms_left > 0).map(Self::Existing)
     }
 }
 

@@ -325,16 +325,9 @@ impl Dialect for Postgres {
             .transpose()?;
         let record = rows.get(1).map(pg_record_row).transpose()?;
         if locked != Some(true) {
-            // Another transaction holds the key's lock. The read went on
-            // without it and saw the record as last committed: a live one
-            // answers (a completed key's claim holds the lock for a moment,
-            // and a duplicate from another process meeting it replays
-            // rather than hearing "in flight"); a key being written is not
-            // seen until it commits.
-            return Ok(match record {
-                Some(row) if row.ms_left > 0 => ClaimStep::Existing(row),
-                _ => ClaimStep::Locked,
-            });
+            // Another transaction holds the key's lock; the read went on
+            // without it.
+            return Ok(ClaimStep::held_elsewhere(record));
         }
         Ok(ClaimStep::under_lock(record))
     }
