@@ -77,6 +77,86 @@ async fn claims_leave_the_pooled_lock_wait_as_configured() {
     open.rollback().await.expect("rollback");
 }
 
+/// A transactional duplicate of a completed key does not wait while
+/// another transaction holds the record's row, however long the store's
+/// lock timeout (here 7 s): the claim's upsert waits for no lock of its
+/// own (`SET STATEMENT innodb_lock_wait_timeout = 0`, or the session's
+/// lock wait set to MariaDB's 0 or MySQL's least, a second), and the
+/// record, read as last committed, replays (`mysql.rs`, `locked`). With
+/// MariaDB's scripts and with MySQL's. The conformance suite's lock
+/// timeout, a second, is too short to tell an upsert that waits for it
+/// from one that does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_completed_key_replays_without_waiting_the_lock_timeout() {
+    let Some(shared) = mysql().await else { return };
+    for portable in [false, true] {
+        replays_while_held(&shared, portable).await;
+    }
+}
+
+/// A completed key's duplicate claimed in a transaction on `shared`'s
+/// table, with MySQL's scripts if `portable`, while another transaction
+/// holds its row.
+async fn replays_while_held(shared: &MySqlStore, portable: bool) {
+    use idem_core::{Claim, IdempotencyStore, Outcome, StoredResponse};
+    use idem_sql::sqlx::{self, Acquire};
+    use std::time::Instant;
+
+    let store = MySqlStore::builder(shared.pool().clone())
+        .table(shared.table())
+        .lock_timeout(Duration::from_secs(7))
+        .build()
+        .unwrap();
+    if portable {
+        store.portable_scripts_for_tests();
+    }
+    let key = fresh_key("read-no-lock");
+    let fp = Fingerprint::from_bytes([6; 32]);
+    let owner = OwnerToken::generate();
+    let claimed = store
+        .claim(&key, &fp, Duration::from_secs(60), owner)
+        .await
+        .expect("MariaDB answers");
+    assert!(matches!(claimed, Claim::Acquired(_)), "{claimed:?}");
+    let outcome = Outcome::Response(StoredResponse::new(
+        http::StatusCode::CREATED,
+        http::HeaderMap::new(),
+        "read without a lock",
+    ));
+    store
+        .complete(&key, &owner, &outcome, Duration::from_secs(600))
+        .await
+        .expect("completed");
+
+    let mut holder = shared.pool().acquire().await.expect("a connection");
+    let mut held = holder.begin().await.expect("a transaction");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT state FROM {} WHERE idem_key = ? FOR UPDATE",
+        store.table()
+    )))
+    .bind(key.as_str())
+    .fetch_one(&mut *held)
+    .await
+    .expect("the row, locked");
+
+    let started = Instant::now();
+    let duplicate = store
+        .claim_in_transaction(&key, &fp, Duration::from_secs(60), OwnerToken::generate())
+        .await
+        .expect("MariaDB answers");
+    let waited = started.elapsed();
+    assert!(
+        matches!(&duplicate, TxClaim::Duplicate(Duplicate::Replay(o)) if *o == outcome),
+        "portable scripts {portable}: {duplicate:?}"
+    );
+    assert!(
+        waited < Duration::from_secs(3),
+        "portable scripts {portable}: the duplicate waited {waited:?} on the row another \
+         transaction holds"
+    );
+    held.rollback().await.expect("rollback");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_claim_that_waited_holds_a_whole_lease() {
     if let Some(store) = mysql().await {
