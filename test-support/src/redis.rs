@@ -1,6 +1,8 @@
 //! `redis-server` processes of a test's own: primaries, replicas, cluster
 //! nodes and sentinels on free loopback ports, in a temporary directory,
-//! killed (and the directory removed) when dropped. It speaks just enough
+//! killed (and the directory removed) when dropped, or, for a server kept
+//! in a static (never dropped), once the test binary has exited
+//! ([`RedisServer::stop_when_this_process_exits`]). It speaks just enough
 //! RESP itself ([`query`]).
 //!
 //! Without `redis-server` on the PATH, `start` returns `None` after saying
@@ -263,6 +265,31 @@ impl RedisServer {
     /// `redis://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port())
+    }
+
+    /// Has it stopped, and its directory removed, once this process has
+    /// exited, however it ends: for a server a test binary keeps in a
+    /// static, which is never dropped, and for a binary killed before its
+    /// servers are. A shell of its own waits for this process to go, then
+    /// shuts the server down by its port (its pid may by then be another
+    /// process's). CI fails if a test's server outlives the tests
+    /// (`.ci/run`).
+    #[allow(clippy::zombie_processes)] // outlives this process, whose exit it waits for
+    pub fn stop_when_this_process_exits(&self) {
+        let script = format!(
+            "while kill -0 {pid} 2>/dev/null; do sleep 1; done; \
+             redis-cli -p {port} shutdown nosave >/dev/null 2>&1; rm -rf '{dir}'",
+            pid = std::process::id(),
+            port = self.port(),
+            dir = self.process.dir.display(),
+        );
+        Command::new("sh")
+            .args(["-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the server's watchdog");
     }
 
     /// Kills it with SIGKILL: no goodbye to its clients, no shutdown.

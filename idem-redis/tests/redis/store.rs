@@ -19,8 +19,10 @@ mod single {
 }
 
 /// A Redis Cluster of three masters on loopback ports, started once for
-/// this test binary. Each node runs under a watchdog that stops it when this
-/// process exits, so a run leaves nothing behind.
+/// this test binary. The nodes live in a static, never dropped: each is
+/// stopped by a watchdog once this process exits
+/// (`RedisServer::stop_when_this_process_exits`), so a run leaves nothing
+/// behind.
 mod cluster {
     use std::sync::OnceLock;
 
@@ -59,6 +61,7 @@ mod cluster {
             String::from_utf8_lossy(&created.stdout)
         );
         for node in &nodes {
+            node.stop_when_this_process_exits();
             wait_until("cluster_state:ok", || {
                 redis_cli_says(node.port(), &["cluster", "info"], "cluster_state:ok")
             });
