@@ -5,15 +5,15 @@
 //! and counts itself open until its own COMMIT or ROLLBACK: a transaction
 //! a statement of ours committed still gets a ROLLBACK when the handle is
 //! dropped. On PostgreSQL and MySQL/MariaDB a claim does without it
-//! ([`Dialect::OWN_BEGIN`]): BEGIN goes in the claim's round trip (its lock,
-//! or its row, and its read follow in the same query), and COMMIT in the
-//! completion's, which ends the
-//! transaction for good. [`ClaimTx`] holds either kind. One begun by the
-//! claim is the pooled connection itself: if it is dropped while open (the
-//! request's future dropped, a panic), a task of its own rolls it back
-//! before the connection goes back to the pool, and a connection that
-//! cannot roll back is closed instead, so that no transaction is ever left
-//! open on a pooled connection.
+//! ([`Dialect::OWN_BEGIN`]): BEGIN goes in the claim's round trip (its
+//! lock, or its row, and its read follow in the same query), and COMMIT
+//! in the completion's, which ends the transaction for good.
+//! [`ClaimTx`] holds either kind. One begun by the claim is the pooled
+//! connection itself: if it is dropped while open (the request's future
+//! dropped, a panic), a task of its own rolls it back before the
+//! connection goes back to the pool, and a connection that cannot roll
+//! back is closed instead, so that no transaction is ever left open on
+//! a pooled connection.
 
 use std::ops::{Deref, DerefMut};
 

@@ -289,6 +289,28 @@ impl<DB: Dialect> SqlStore<DB> {
             .map_err(unavailable)
     }
 
+    /// What the record of `key_hash`, read on `conn` without a lock or a
+    /// write, answers a claim with `fingerprint`; `None` if the key is
+    /// absent or expired, and the claim is to be made. A live record is
+    /// final: the read sees committed rows only, and a completed record
+    /// stays as it is until it expires. Read before a plain claim
+    /// (`plain.rs`) and before a transactional claim waits for the turn
+    /// to write (`SqlStore::read_before_turn`).
+    async fn answer_from_read(
+        &self,
+        conn: &mut DB::Connection,
+        key_hash: &[u8; 32],
+        fingerprint: &Fingerprint,
+    ) -> Result<Option<Claim>, Error> {
+        match DB::read(conn, &self.inner.queries, key_hash)
+            .await
+            .map_err(unavailable)?
+        {
+            Some(row) => row.answer(fingerprint),
+            None => Ok(None),
+        }
+    }
+
     /// Claims on `conn` (`key_hash` is `key`'s), retrying while the row in
     /// the way vanishes or expires between statements. With a lock timeout,
     /// a transactional claim in the transaction open on `conn`

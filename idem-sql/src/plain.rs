@@ -30,10 +30,7 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         // alone decides who acquires. On PostgreSQL the claim statement
         // itself reads first.
         if !DB::CLAIM_READS_FIRST
-            && let Some(row) = DB::read(&mut conn, &self.inner.queries, &hash)
-                .await
-                .map_err(unavailable)?
-            && let Some(answer) = row.answer(fingerprint)?
+            && let Some(answer) = self.answer_from_read(&mut conn, &hash, fingerprint).await?
         {
             return Ok(answer);
         }

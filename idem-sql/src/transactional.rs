@@ -150,18 +150,17 @@ impl<DB: Dialect> SqlStore<DB> {
     }
 
     /// What a plain read of `hash`'s record answers a claim with
-    /// `fingerprint` ([`SqlStore::before_turn`]); `None` if the key is
-    /// absent or expired, and the claim is to be made.
+    /// `fingerprint` ([`SqlStore::answer_from_read`], as before a plain
+    /// claim), made before the turn to write ([`SqlStore::before_turn`]);
+    /// `None` if the key is absent or expired, and the claim is to be made.
     ///
     /// There a transactional claim reads the key under the write lock, in
     /// the turn of every writer of the process: a duplicate of a completed
     /// key would wait its turn behind the first requests, to read, and
     /// under a storm of retries the duplicates would hold the turn the
     /// first requests need. A plain read sees the committed records
-    /// without waiting for anyone (a WAL reader), and a completed record
-    /// stays as it is until it expires, so its answer is final, as plain
-    /// mode's read before its claim is (`plain.rs`). What it does not
-    /// answer, the claim reads again under the lock.
+    /// without waiting for anyone (a WAL reader). What it does not answer,
+    /// the claim reads again under the lock.
     ///
     /// Made only while another writer has the turn: a claim that finds it
     /// free reads under the lock at once, and a first request pays for no
@@ -184,11 +183,9 @@ impl<DB: Dialect> SqlStore<DB> {
         let acquired =
             tokio::time::timeout(self.inner.lock_timeout, self.inner.pool.acquire()).await;
         let mut conn = acquired.ok()?.ok()?;
-        let row = DB::read(&mut conn, &self.inner.queries, hash)
-            .await
-            .ok()??;
-        drop(conn);
-        row.answer(fingerprint).ok()??.acquired().err()
+        let answer = self.answer_from_read(&mut conn, hash, fingerprint).await;
+        // A record in the way answers as a duplicate (never "acquired").
+        answer.ok()??.acquired().err()
     }
 
     /// A transaction begun for the claim of `hash`, with the turn to
