@@ -45,7 +45,18 @@ fn shape(script: &str) -> String {
         let after = &rest[open + 1..];
         let close = after.find('\'').expect("every quote is closed");
         let literal = &after[..close];
-        let fixed = ["UTF8", "C", "I", "lock_timeout", "now", "1 millisecond"];
+        let marked = format!("{}; marked ", pg::ENDED);
+        let fixed = [
+            "UTF8",
+            "C",
+            "I",
+            "lock_timeout",
+            "now",
+            "1 millisecond",
+            "idem.claim",
+            "nothing",
+            &marked,
+        ];
         // Bytes are an escape string `E'\\x…'`.
         let digits = literal.strip_prefix(r"\\x").unwrap_or(literal);
         let hex = digits.bytes().all(|b| b.is_ascii_hexdigit());
@@ -81,24 +92,26 @@ fn numbers(text: &str) -> String {
     out
 }
 
-fn scripts(key: &str, outcome: &[u8], data: &[u8]) -> [String; 3] {
+fn scripts(key: &str, outcome: &[u8], data: &[u8]) -> [String; 6] {
     let hash = bytes::<32>(data, 1);
     let fingerprint = bytes::<32>(data, 3);
+    let owner = bytes::<16>(data, 5);
     let number = i64::from_le_bytes(bytes::<8>(data, 4));
     let timeout_ms = u128::from(number.unsigned_abs());
+    let record = pg::Completed {
+        key_hash: &hash,
+        key,
+        fingerprint: &fingerprint,
+        outcome,
+        ttl_ms: number,
+    };
     [
         pg::claim(TABLE, number, &hash, timeout_ms),
         pg::prepare_and_claim(TABLE, number, &hash, timeout_ms),
-        pg::commit(
-            TABLE,
-            &pg::Completed {
-                key_hash: &hash,
-                key,
-                fingerprint: &fingerprint,
-                outcome,
-                ttl_ms: number,
-            },
-        ),
+        pg::lend(&owner),
+        pg::commit(TABLE, &record, &owner),
+        pg::rollback(&owner),
+        pg::tombstone(TABLE, &record),
     ]
 }
 

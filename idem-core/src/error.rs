@@ -27,6 +27,13 @@ pub enum ErrorKind {
     /// does not parse or names a part nothing supplies, transactional mode
     /// on a store without transactions. The source says which.
     Config,
+    /// A transactional claim's database transaction was no longer the one
+    /// the claim began when the store came to commit or roll it back: the
+    /// handler ended it (a raw `COMMIT` or `ROLLBACK` on the connection it
+    /// was lent), so some of its writes may have committed without the
+    /// record. The store kept the key from running again (a record that
+    /// is not replayable); the request fails as a server error.
+    TransactionEnded,
 }
 
 impl fmt::Display for ErrorKind {
@@ -36,6 +43,9 @@ impl fmt::Display for ErrorKind {
             Self::LeaseLost => "idempotency lease lost to another owner",
             Self::Corrupt => "idempotency record could not be decoded",
             Self::Config => "idempotency misconfigured",
+            Self::TransactionEnded => {
+                "the idempotency transaction was ended before idem settled it"
+            }
         })
     }
 }

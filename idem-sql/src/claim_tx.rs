@@ -1,24 +1,35 @@
 //! The transaction a transactional claim (or a phase) holds: begun by
 //! sqlx, or by the claim's own first query.
 //!
-//! sqlx's `Transaction` sends its BEGIN alone, in a round trip of its own,
-//! and counts itself open until its own COMMIT or ROLLBACK: a transaction
-//! a statement of ours committed still gets a ROLLBACK when the handle is
-//! dropped. On PostgreSQL and MySQL/MariaDB a claim does without it
+//! sqlx's `Transaction` sends its BEGIN alone, in a round trip of its own.
+//! On PostgreSQL and MySQL/MariaDB a claim does without it
 //! ([`Dialect::OWN_BEGIN`]): BEGIN goes in the claim's round trip (its
 //! lock, or its row, and its read follow in the same query), and COMMIT
-//! in the completion's, which ends the transaction for good.
-//! [`ClaimTx`] holds either kind. One begun by the claim is the pooled
-//! connection itself: if it is dropped while open (the request's future
-//! dropped, a panic), a task of its own rolls it back before the
-//! connection goes back to the pool, and a connection that cannot roll
-//! back is closed instead, so that no transaction is ever left open on
-//! a pooled connection.
+//! in the completion's. [`ClaimTx`] holds either kind. One begun by the
+//! claim is the pooled connection itself: if it is dropped while open (the
+//! request's future dropped, a panic), a task of its own rolls it back
+//! before the connection goes back to the pool, and a connection that
+//! cannot roll back is closed instead, so that no transaction is ever left
+//! open on a pooled connection.
+//!
+//! Lent to a handler, the transaction is counted open by sqlx
+//! ([`ClaimTx::lend`]): sqlx keeps, per connection, how deep the
+//! transactions it began are, and a `begin()` on a connection at depth 0
+//! sends BEGIN, its `commit()` COMMIT. Without the count a handler's nested
+//! `begin()`/`commit()` (as sqlx users write on a `Transaction`) would
+//! commit the claim's transaction halfway; with it they are a savepoint
+//! and its release, as on a `Transaction` of sqlx's. Lending costs the
+//! winning claim one round trip, which the database's dialect fills with
+//! the marker its settling checks (`Dialect::lend_statement`): whether the
+//! transaction is still the claim's when the store commits or rolls it
+//! back (ARCHITECTURE.md, "The claim's transaction belongs to idem").
 
 use std::ops::{Deref, DerefMut};
 
 use idem_core::BoxFuture;
 use sqlx::pool::PoolConnection;
+use sqlx::{AssertSqlSafe, SqlSafeStr};
+use sqlx_core::transaction::TransactionManager;
 
 use crate::Dialect;
 
@@ -30,10 +41,16 @@ pub type EndTx<DB> = for<'c> fn(
     bool,
 ) -> BoxFuture<'c, Result<(), sqlx::Error>>;
 
+/// sqlx's transaction manager of `DB`: how deep sqlx counts the
+/// transactions open on a connection, and the statements that change it.
+type Manager<DB> = <DB as sqlx::Database>::TransactionManager;
+
 /// Ends the transaction open on `conn` with COMMIT or ROLLBACK: the
-/// [`EndTx`] of a database whose claims begin their own
-/// ([`Dialect::OWN_BEGIN`]).
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+/// [`EndTx`] of PostgreSQL, whose claims begin their own
+/// ([`Dialect::OWN_BEGIN`]; MySQL's has its session to set back,
+/// `mysql.rs`). Where the transaction was lent ([`ClaimTx::lend`]),
+/// through sqlx, which then counts it ended.
+#[cfg(feature = "postgres")]
 pub(crate) fn end_transaction<DB: Dialect>(
     conn: &mut DB::Connection,
     commit: bool,
@@ -41,8 +58,21 @@ pub(crate) fn end_transaction<DB: Dialect>(
 where
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
 {
-    let statement = if commit { "COMMIT" } else { "ROLLBACK" };
-    Box::pin(async move { sqlx::raw_sql(statement).execute(conn).await.map(drop) })
+    Box::pin(async move {
+        if Manager::<DB>::get_transaction_depth(conn) == 0 {
+            let statement = if commit { "COMMIT" } else { "ROLLBACK" };
+            return sqlx::raw_sql(statement).execute(conn).await.map(drop);
+        }
+        if commit {
+            return Manager::<DB>::commit(conn).await;
+        }
+        // A savepoint the handler began and never ended (a nested
+        // transaction it leaked) is rolled back with the rest.
+        while Manager::<DB>::get_transaction_depth(conn) > 0 {
+            Manager::<DB>::rollback(conn).await?;
+        }
+        Ok(())
+    })
 }
 
 /// The open transaction of a transactional claim, lent to the handler
@@ -64,6 +94,10 @@ where
 /// ```
 pub struct ClaimTx<DB: Dialect> {
     kind: Kind<DB>,
+    /// On SQLite, while the transaction is lent: its commits refused
+    /// (`sqlite/lent.rs`).
+    #[cfg(feature = "sqlite")]
+    lent: Option<crate::sqlite::Lent>,
 }
 
 enum Kind<DB: Dialect> {
@@ -92,6 +126,8 @@ impl<DB: Dialect> ClaimTx<DB> {
                 conn: Some(conn),
                 end,
             }),
+            #[cfg(feature = "sqlite")]
+            lent: None,
         }
     }
 
@@ -111,14 +147,59 @@ impl<DB: Dialect> ClaimTx<DB> {
         }
     }
 
+    /// Counts the transaction open in sqlx, so that a handler's nested
+    /// `begin()` on it is a savepoint (the module's docs): on a transaction
+    /// of the claim's own, sqlx's transaction manager runs `statement`, which
+    /// must leave the transaction open, and counts a transaction begun. One
+    /// round trip. A transaction sqlx began is counted already.
+    pub(crate) async fn lend(&mut self, statement: String) -> Result<(), sqlx::Error> {
+        if let Kind::Own(own) = &mut self.kind {
+            let statement = AssertSqlSafe(statement).into_sql_str();
+            Manager::<DB>::begin(own.conn_mut(), Some(statement)).await?;
+        }
+        Ok(())
+    }
+
+    /// Keeps `lent` (SQLite's hooks, `sqlite/lent.rs`) as long as the
+    /// transaction.
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn watch(&mut self, lent: crate::sqlite::Lent) {
+        self.lent = Some(lent);
+    }
+
+    /// Takes the transaction back from the handler: whether it ended while
+    /// lent (SQLite, `sqlite/lent.rs`).
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn settle_lent(&self) -> bool {
+        self.lent.as_ref().is_some_and(crate::sqlite::Lent::settle)
+    }
+
     /// Lets go of a transaction a statement of the caller's ended (a COMMIT
-    /// in its query): a connection of our own goes back to the pool as it
-    /// is; sqlx's handle rolls back what it still counts open.
+    /// in its query): a connection of our own goes back to the pool, sqlx's
+    /// count of it set back by a ROLLBACK queued to go with the pool's
+    /// check of the connection (a lent transaction's COMMIT is
+    /// `COMMIT AND CHAIN` where a ROLLBACK of nothing would warn); sqlx's
+    /// handle rolls back what it still counts open.
     #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub(crate) fn ended(self) {
         if let Kind::Own(mut own) = self.kind {
+            if let Some(conn) = own.conn.as_mut() {
+                uncount::<DB>(conn);
+            }
             own.conn = None;
         }
+    }
+}
+
+/// Sets sqlx's count of the transactions open on `conn` back to none, once
+/// a statement of ours ended the transaction: a ROLLBACK queued for each,
+/// sent with the connection's next use (the pool's check of it when it is
+/// released), which finds no transaction, or the empty one a
+/// `COMMIT AND CHAIN` began.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn uncount<DB: Dialect>(conn: &mut DB::Connection) {
+    while Manager::<DB>::get_transaction_depth(conn) > 0 {
+        Manager::<DB>::start_rollback(conn);
     }
 }
 
@@ -126,6 +207,8 @@ impl<DB: Dialect> From<sqlx::Transaction<'static, DB>> for ClaimTx<DB> {
     fn from(tx: sqlx::Transaction<'static, DB>) -> Self {
         Self {
             kind: Kind::Sqlx(tx),
+            #[cfg(feature = "sqlite")]
+            lent: None,
         }
     }
 }

@@ -10,10 +10,10 @@ use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, Connection, MySql};
 
 use super::ClaimTx;
-use super::claim_tx::{EndTx, end_transaction};
+use super::claim_tx::{EndTx, uncount};
 use super::dialect::bound_point_statements;
 use super::dialect::{
-    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, bind_all, has_code, record_row,
+    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, Settled, bind_all, has_code, record_row,
     run_migrations, sealed, shared_statements,
 };
 use idem_core::{BoxFuture, OwnerToken};
@@ -259,7 +259,7 @@ impl Dialect for MySql {
 
     const CLAIM_READS_FIRST: bool = false;
     const ONE_WRITER: bool = false;
-    const OWN_BEGIN: Option<EndTx<Self>> = Some(end_transaction::<Self>);
+    const OWN_BEGIN: Option<EndTx<Self>> = Some(end_transaction);
 
     async fn claim(
         conn: &mut MySqlConnection,
@@ -358,7 +358,7 @@ impl Dialect for MySql {
             Server::MySql => script::claim(q, &args, secs),
             Server::MariaDb => script::claim_mariadb(q, &args, secs),
         };
-        let rows = match run_prepared(conn, q, server, script, |sql, conn| {
+        let rows = match run_prepared(conn, q, server, (script, ""), |sql, conn| {
             Box::pin(sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(conn))
         })
         .await
@@ -389,13 +389,17 @@ impl Dialect for MySql {
         owned(conn, q, &args, record_row(row)?).await
     }
 
+    fn lend_statement(_: &OwnerToken) -> Option<String> {
+        Some(script::lend())
+    }
+
     async fn tx_commit(
         mut tx: ClaimTx<Self>,
         q: &Queries,
         args: ClaimArgs<'_>,
         outcome: &[u8],
         ttl_ms: i64,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<Settled, sqlx::Error> {
         let record = script::Completed {
             key_hash: args.key_hash,
             owner: args.owner.as_bytes(),
@@ -407,7 +411,8 @@ impl Dialect for MySql {
             Server::MySql => script::commit(q, &record),
             Server::MariaDb => script::commit_mariadb(q, &record),
         };
-        let committed = run_prepared(&mut tx, q, server, script, |sql, conn| {
+        let again = script::remark();
+        let committed = run_prepared(&mut tx, q, server, (script, &again), |sql, conn| {
             Box::pin(sqlx::raw_sql(AssertSqlSafe(sql)).execute(conn))
         })
         .await;
@@ -415,15 +420,46 @@ impl Dialect for MySql {
             // Committed: the transaction is over.
             Ok(_) => {
                 tx.ended();
-                Ok(true)
+                Ok(Settled::Done)
             }
             // The row was not the claim's to complete: the check failed,
             // and the COMMIT after it did not run.
             Err(err) if error_number(&err) == Some(script::NOT_COMPLETED) => {
                 tx.rollback().await?;
-                Ok(false)
+                Ok(Settled::Fenced)
+            }
+            // The claim's savepoint is gone with the transaction it was
+            // set in: nothing after its release ran.
+            Err(err) if error_number(&err) == Some(script::NO_SAVEPOINT) => {
+                tx.rollback().await?;
+                Ok(Settled::Ended)
             }
             Err(err) => Err(err),
+        }
+    }
+
+    async fn tx_rollback(
+        mut tx: ClaimTx<Self>,
+        _: &Queries,
+        _: ClaimArgs<'_>,
+        _: i64,
+    ) -> Result<Settled, sqlx::Error> {
+        let ended = sqlx::raw_sql(AssertSqlSafe(script::rollback()))
+            .execute(&mut *tx)
+            .await;
+        match ended {
+            Ok(_) => {
+                tx.ended();
+                Ok(Settled::Done)
+            }
+            Err(err) => {
+                tx.rollback().await?;
+                Ok(if error_number(&err) == Some(script::NO_SAVEPOINT) {
+                    Settled::Ended
+                } else {
+                    Settled::Done
+                })
+            }
         }
     }
 
@@ -439,6 +475,25 @@ impl Dialect for MySql {
 /// where it changes nothing, so the lock may be a duplicate's of another
 /// process (this process's duplicates wait for one claim of the key,
 /// `open.rs`).
+/// Ends the claim's own transaction with COMMIT or ROLLBACK (the
+/// [`EndTx`] of `OWN_BEGIN`), and sets the session back to autocommit,
+/// which lending the transaction turned off (`script::lend`); sqlx's count
+/// of it set back as after a script of ours ended it.
+fn end_transaction(
+    conn: &mut MySqlConnection,
+    commit: bool,
+) -> BoxFuture<'_, Result<(), sqlx::Error>> {
+    Box::pin(async move {
+        let end = if commit { "COMMIT" } else { "ROLLBACK" };
+        let statement = format!("{end}; {}", script::AUTOCOMMIT);
+        sqlx::raw_sql(AssertSqlSafe(statement))
+            .execute(&mut *conn)
+            .await?;
+        uncount::<MySql>(conn);
+        Ok(())
+    })
+}
+
 async fn locked(
     conn: &mut MySqlConnection,
     q: &Queries,
@@ -474,17 +529,20 @@ async fn restamp(
 /// Runs `script` (of `mysql/script.rs`, whose `EXECUTE`s name the
 /// statements it prepares) on `conn` with `run`; on a connection that has
 /// not prepared them (the script stopped at its first `EXECUTE`, with only
-/// its BEGIN and `SET` run), runs it again after their `PREPARE`s.
+/// its BEGIN, `SET` or release of the claim's savepoint run), runs it again
+/// after their `PREPARE`s, and after `again`, which sets back what the
+/// first run's statements before the `EXECUTE` used up (a commit's
+/// release of the savepoint, `script::remark`).
 async fn run_prepared<T>(
     conn: &mut MySqlConnection,
     q: &Queries,
     server: Server,
-    script: String,
+    (script, again): (String, &str),
     run: impl for<'c> Fn(String, &'c mut MySqlConnection) -> BoxFuture<'c, Result<T, sqlx::Error>>,
 ) -> Result<T, sqlx::Error> {
     let prepare = match run(script.clone(), conn).await {
         Err(err) if error_number(&err) == Some(script::NOT_PREPARED) => {
-            script::prepare(q, server, &script)
+            format!("{again}{}", script::prepare(q, server, &script))
         }
         done => return done,
     };

@@ -19,14 +19,17 @@ use sqlx::{AssertSqlSafe, Either, Sqlite};
 use super::batch::{Write, Written};
 use super::dialect::bound_point_statements;
 use super::dialect::{
-    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, Started, bind_all, has_code, record_row,
-    run_migrations, sealed, shared_statements,
+    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, Settled, Started, bind_all, has_code,
+    record_row, run_migrations, sealed, shared_statements,
 };
 use super::{ClaimTx, SqlStore, unavailable};
 use idem_core::{Error, OwnerToken};
 
+mod lent;
 mod many;
 mod script;
+
+pub(crate) use lent::Lent;
 
 const MIGRATIONS: &[(i64, &str)] = &[
     (
@@ -205,13 +208,23 @@ impl Dialect for Sqlite {
         ))
     }
 
+    async fn tx_lend(tx: &mut ClaimTx<Self>, _: &OwnerToken) -> Result<(), sqlx::Error> {
+        let lent = Lent::hook(tx).await?;
+        tx.watch(lent);
+        Ok(())
+    }
+
     async fn tx_commit(
         mut tx: ClaimTx<Self>,
         q: &Queries,
         args: ClaimArgs<'_>,
         outcome: &[u8],
         ttl_ms: i64,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<Settled, sqlx::Error> {
+        if tx.settle_lent() {
+            end_ended(tx).await?;
+            return Ok(Settled::Fenced);
+        }
         let commit = script::commit(&q.table, Self::NOW);
         match completion(commit, &args, outcome, ttl_ms)
             .execute(&mut *tx)
@@ -219,7 +232,7 @@ impl Dialect for Sqlite {
         {
             // Committed; dropping `tx` rolls back the empty transaction
             // the query began (`script::commit`).
-            Ok(_) => Ok(true),
+            Ok(_) => Ok(Settled::Done),
             Err(err) => {
                 tx.rollback().await?;
                 Err(err)
@@ -234,18 +247,24 @@ impl Dialect for Sqlite {
         outcome: &[u8],
         ttl_ms: i64,
         next_hash: &[u8; 32],
-    ) -> Result<(bool, Option<Started<Self>>), sqlx::Error> {
+    ) -> Result<(Settled, Option<Started<Self>>), sqlx::Error> {
+        if tx.settle_lent() {
+            end_ended(tx).await?;
+            return Ok((Settled::Fenced, None));
+        }
         let commit = script::commit_and_claim(&q.table, Self::NOW, &Self::ms_until("expires_at"));
         let query = completion(commit, &args, outcome, ttl_ms).bind(&next_hash[..]);
         let ran = run(&mut tx, query).await;
         let Some(err) = ran.failed else {
             // Committed, and the next claim's transaction holds the lock.
             match ran.row.as_ref().map(record_row).transpose() {
-                Ok(found) => return Ok((true, Some((tx, ClaimStep::under_lock(found))))),
+                Ok(found) => {
+                    return Ok((Settled::Done, Some((tx, ClaimStep::under_lock(found)))));
+                }
                 Err(err) => {
                     tracing::warn!(error = %err, "reading the next transactional claim's record failed");
                     end_started(tx, true).await;
-                    return Ok((true, None));
+                    return Ok((Settled::Done, None));
                 }
             }
         };
@@ -258,7 +277,21 @@ impl Dialect for Sqlite {
         // is open), or the read failed in the transaction it began.
         tracing::debug!(error = %err, "the next transactional claim did not start with the commit");
         end_started(tx, ran.statements > script::NEXT_BEGINS_AT).await;
-        Ok((true, None))
+        Ok((Settled::Done, None))
+    }
+
+    async fn tx_rollback(
+        tx: ClaimTx<Self>,
+        _: &Queries,
+        _: ClaimArgs<'_>,
+        _: i64,
+    ) -> Result<Settled, sqlx::Error> {
+        if tx.settle_lent() {
+            end_ended(tx).await?;
+        } else {
+            tx.rollback().await?;
+        }
+        Ok(Settled::Done)
     }
 
     fn is_lock_timeout(err: &sqlx::Error) -> bool {
@@ -329,6 +362,22 @@ async fn run<'q>(
         }
     }
     ran
+}
+
+/// Ends a claim's transaction that ended while lent to the handler
+/// (`sqlite/lent.rs`): nothing of it committed, and sqlx still counts it
+/// open. A transaction opened for sqlx's ROLLBACK to end (or the one the
+/// handler began after, if it did), so that the connection goes back to
+/// the pool with none open and none counted.
+async fn end_ended(mut tx: ClaimTx<Sqlite>) -> Result<(), sqlx::Error> {
+    metrics::counter!(crate::transactional::ENDED).increment(1);
+    tracing::warn!(
+        "the handler ended the idempotency transaction (a COMMIT or ROLLBACK sent on \
+         the connection it was lent): nothing of it was kept, and its key is free"
+    );
+    // Fails if the handler left a transaction open; ROLLBACK ends either.
+    let _ = reopen(&mut tx).await;
+    tx.rollback().await
 }
 
 /// Opens the deferred transaction sqlx counts as open on `conn`, after a

@@ -10,14 +10,16 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use super::dialect::Settled;
 use super::open::{Check, Held, Marked};
 use super::relay::{Baton, RELAYED, Waited};
 use super::{
     ClaimArgs, ClaimStep, ClaimTx, Dialect, SqlStore, Turn, TxSlot, key_hash, settle, unavailable,
 };
+use idem_core::OwnerToken;
 use idem_core::expiry_millis;
 use idem_core::{BoxFuture, OpenTransaction, TransactionalStore, TxClaim, TxHandle};
-use idem_core::{Claim, Duplicate, Error, Fingerprint, IdempotencyKey, Outcome, OwnerToken};
+use idem_core::{Claim, Duplicate, Error, ErrorKind, Fingerprint, IdempotencyKey, Outcome};
 
 impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
     fn claim_in_transaction<'a>(
@@ -74,10 +76,7 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
                 }
             };
             let owner = match claimed.map(Claim::acquired) {
-                Ok(Ok(owner)) => {
-                    held.checked(Check::Open);
-                    owner
-                }
+                Ok(Ok(owner)) => owner,
                 Ok(Err(duplicate)) => {
                     held.checked(Check::Answered(*fingerprint, duplicate.clone()));
                     finish(tx).await;
@@ -88,6 +87,11 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
                     return Err(err);
                 }
             };
+            // Counted open by sqlx from here on, so that the handler's
+            // nested `begin()` is a savepoint (`claim_tx.rs`); a failure
+            // drops the transaction, which rolls it back.
+            DB::tx_lend(&mut tx, &owner).await.map_err(unavailable)?;
+            held.checked(Check::Open);
             Ok(TxClaim::Open(Box::new(SqlOpenTransaction {
                 slot: TxSlot::new(tx),
                 store: self.clone(),
@@ -372,10 +376,25 @@ impl<DB: Dialect> OpenTransaction for SqlOpenTransaction<DB> {
     fn rollback(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {
         Box::pin(async move {
             let tx = self.slot.take().await?;
-            tx.rollback().await.map_err(unavailable)
+            let settled = DB::tx_rollback(tx, &self.store.inner.queries, self.args(), 0)
+                .await
+                .map_err(unavailable)?;
+            match settled {
+                Settled::Done | Settled::Fenced => Ok(()),
+                Settled::Ended => Err(self.keep_ended(expiry_millis(ENDED_TTL)).await),
+            }
         })
     }
 }
+
+/// How long the key of a claim whose transaction the handler ended is
+/// kept from running again when the handler's response was not final
+/// (the route's ttl is not known there): a day, the default ttl.
+const ENDED_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// What the store counts when a claim's transaction was ended by its
+/// handler (a raw COMMIT or ROLLBACK on the connection it was lent).
+pub(crate) const ENDED: &str = "idem_transactions_ended_total";
 
 impl<DB: Dialect> SqlOpenTransaction<DB> {
     /// Commits with the outcome encoded, `ttl_ms` its retention; on a
@@ -383,13 +402,7 @@ impl<DB: Dialect> SqlOpenTransaction<DB> {
     /// turn in the same call and hands it the turn (`relay.rs`).
     async fn commit_encoded(self, outcome: bytes::Bytes, ttl_ms: i64) -> Result<(), Error> {
         let tx = self.slot.take().await?;
-        let args = ClaimArgs {
-            key_hash: &self.key_hash,
-            key: self.key.as_str(),
-            fingerprint: &self.fingerprint,
-            owner: &self.owner,
-            lease_ms: 0,
-        };
+        let args = self.args();
         let inner = &self.store.inner;
         // Another claim waiting for the turn starts in this commit's
         // call and gets the turn with its transaction (`relay.rs`).
@@ -399,15 +412,17 @@ impl<DB: Dialect> SqlOpenTransaction<DB> {
             None
         };
         let Some(next) = next else {
-            let done = DB::tx_commit(tx, &inner.queries, args, &outcome, ttl_ms)
+            let settled = DB::tx_commit(tx, &inner.queries, args, &outcome, ttl_ms)
                 .await
                 .map_err(unavailable)?;
-            return Error::fenced(done);
+            return self.settled(settled, ttl_ms).await;
         };
-        let (done, started) =
+        let (settled, started) =
             DB::tx_commit_and_claim(tx, &inner.queries, args, &outcome, ttl_ms, next.key_hash())
                 .await
                 .map_err(unavailable)?;
+        // Before the turn is handed on, which takes it from `self`.
+        let answer = self.settled(settled, ttl_ms).await;
         if let Some(started) = started {
             let baton = Baton {
                 started,
@@ -421,6 +436,75 @@ impl<DB: Dialect> SqlOpenTransaction<DB> {
                 }) => finish(tx).await,
             }
         }
-        Error::fenced(done)
+        answer
+    }
+
+    /// The claim's arguments to the dialect's settling statements.
+    fn args(&self) -> ClaimArgs<'_> {
+        ClaimArgs {
+            key_hash: &self.key_hash,
+            key: self.key.as_str(),
+            fingerprint: &self.fingerprint,
+            owner: &self.owner,
+            lease_ms: 0,
+        }
+    }
+
+    /// The answer to a commit that `settled`.
+    async fn settled(&self, settled: Settled, ttl_ms: i64) -> Result<(), Error> {
+        match settled {
+            Settled::Done => Ok(()),
+            Settled::Fenced => Err(Error::lease_lost()),
+            Settled::Ended => Err(self.keep_ended(ttl_ms).await),
+        }
+    }
+
+    /// After the claim's transaction was found ended ([`Settled::Ended`]):
+    /// the error to answer with, once the key is kept from running again
+    /// for `ttl_ms` where something of the transaction may have committed
+    /// ([`Dialect::tx_keep_ended`]). Counted ([`ENDED`]) and logged.
+    async fn keep_ended(&self, ttl_ms: i64) -> Error {
+        let inner = &self.store.inner;
+        metrics::counter!(ENDED).increment(1);
+        let outcome = Outcome::NotReplayable.encode();
+        let kept = match inner.pool.acquire().await {
+            Ok(mut conn) => {
+                DB::tx_keep_ended(&mut conn, &inner.queries, self.args(), &outcome, ttl_ms).await
+            }
+            Err(err) => Err(err),
+        };
+        match kept {
+            // The claim's row went with the transaction: the database
+            // rolled it back under the handler (a deadlock, a Galera
+            // abort), or the handler did. Nothing of it committed, nor
+            // after it (`mysql/script.rs`, `lend`): the key is free.
+            Ok(false) => {
+                tracing::warn!(
+                    "the idempotency transaction had ended before idem settled it (rolled \
+                     back under the handler); nothing of it was kept, and its key is free"
+                );
+                Error::lease_lost()
+            }
+            Ok(true) => {
+                tracing::error!(
+                    "the handler ended the idempotency transaction (a COMMIT or ROLLBACK \
+                     sent on the connection it was lent, not through sqlx's begin()): \
+                     its writes may have committed without the record; the key is kept \
+                     from running again with a record that is not replayable"
+                );
+                Error::new(
+                    ErrorKind::TransactionEnded,
+                    "the claim's transaction was ended by the handler",
+                )
+            }
+            Err(err) => {
+                tracing::error!(
+                    error = %err,
+                    "the handler ended the idempotency transaction, and the record that \
+                     keeps its key from running again could not be written"
+                );
+                Error::new(ErrorKind::TransactionEnded, err)
+            }
+        }
     }
 }

@@ -53,6 +53,9 @@ pub(crate) enum Handled {
     Misconfigured,
     /// The store could not be reached, or its commit failed.
     StoreError,
+    /// The handler ended the claim's transaction itself: answered 500, the
+    /// key kept from running again.
+    TransactionEnded,
 }
 
 impl Handled {
@@ -72,6 +75,7 @@ impl Handled {
             Self::Misconfigured => "misconfigured",
             Self::Released => "released",
             Self::StoreError => "store_error",
+            Self::TransactionEnded => "transaction_ended",
         }
     }
 }

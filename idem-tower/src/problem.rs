@@ -24,7 +24,7 @@ use crate::layer::grpc;
 /// | in flight | `ABORTED` (10), with `grpc-retry-pushback-ms`: retry the call with the same key |
 /// | completed, not replayable | `ALREADY_EXISTS` (6): it ran, and will not run again |
 /// | store unavailable | `UNAVAILABLE` (14), with `grpc-retry-pushback-ms` |
-/// | misconfigured, transaction missing | `INTERNAL` (13) |
+/// | misconfigured, transaction missing, transaction ended by the handler | `INTERNAL` (13) |
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Problem {
@@ -56,6 +56,11 @@ pub enum Problem {
     /// is not transactional (a wiring mistake: see
     /// `IdempotencyLayer::transactional`).
     TransactionMissing,
+    /// 500: the handler ended the claim's transaction itself (a raw
+    /// `COMMIT` or `ROLLBACK` on the connection `Tx` lends), so its writes
+    /// may have committed without the record. The key is kept from running
+    /// again: its duplicates get [`Problem::NotReplayable`].
+    TransactionEnded,
     /// 500: the route is wired so that no request can succeed (a key part
     /// only the server can supply is missing, a resolver lacks the state it
     /// extracts on, settings that contradict each other). The server's
@@ -82,6 +87,7 @@ impl Problem {
             Self::NotReplayable => "urn:idem:problem:not-replayable",
             Self::StoreUnavailable { .. } => "urn:idem:problem:store-unavailable",
             Self::TransactionMissing => "urn:idem:problem:transaction-missing",
+            Self::TransactionEnded => "urn:idem:problem:transaction-ended",
             Self::Misconfigured(_) => "urn:idem:problem:misconfigured",
         }
     }
@@ -97,7 +103,9 @@ impl Problem {
             Self::FingerprintMismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Self::InFlight { .. } | Self::NotReplayable => StatusCode::CONFLICT,
             Self::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            Self::TransactionMissing | Self::Misconfigured(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::TransactionMissing | Self::TransactionEnded | Self::Misconfigured(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         }
     }
 
@@ -114,7 +122,7 @@ impl Problem {
             Self::InFlight { .. } => grpc::ABORTED,
             Self::NotReplayable => 6,
             Self::StoreUnavailable { .. } => grpc::UNAVAILABLE,
-            Self::TransactionMissing | Self::Misconfigured(_) => 13,
+            Self::TransactionMissing | Self::TransactionEnded | Self::Misconfigured(_) => 13,
         }
     }
 
@@ -146,6 +154,7 @@ impl Problem {
             Self::NotReplayable => "The original response cannot be replayed",
             Self::StoreUnavailable { .. } => "Idempotency store unavailable",
             Self::TransactionMissing => "No idempotency transaction on this route",
+            Self::TransactionEnded => "The handler ended the idempotency transaction",
             Self::Misconfigured(_) => "Idempotency misconfigured on this route",
         }
     }
@@ -191,6 +200,12 @@ impl Problem {
             Self::StoreUnavailable { .. } => {
                 "duplicate detection is unavailable, so the request was not processed; \
                  retry with the same key"
+                    .into()
+            }
+            Self::TransactionEnded => {
+                "the handler sent COMMIT or ROLLBACK on the transaction it was lent, so \
+                 its writes may have been kept without their record; the key will not \
+                 run again (use begin() for a nested transaction: it is a savepoint)"
                     .into()
             }
             Self::TransactionMissing => {
@@ -277,6 +292,7 @@ mod tests {
             (Problem::NotReplayable, 6),
             (Problem::StoreUnavailable { retry_after: zero }, 14),
             (Problem::TransactionMissing, 13),
+            (Problem::TransactionEnded, 13),
             (Problem::Misconfigured(String::new()), 13),
         ] {
             assert_eq!(problem.grpc_code(), code, "{problem:?}");
@@ -324,6 +340,7 @@ mod tests {
                 retry_after: Duration::ZERO,
             },
             Problem::TransactionMissing,
+            Problem::TransactionEnded,
             Problem::Misconfigured(String::new()),
         ];
         let types: std::collections::HashSet<_> = all.iter().map(Problem::type_uri).collect();

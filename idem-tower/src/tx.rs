@@ -19,17 +19,35 @@ use crate::Problem;
 /// connection, so it goes wherever sqlx takes an executor; it cannot commit
 /// or roll back by itself.
 ///
+/// sqlx counts the transaction open, so a nested transaction on it
+/// (`tx.begin()`, as on a sqlx `Transaction`) is a savepoint: its
+/// `commit()` and `rollback()` touch only its own writes, and everything
+/// still commits with the response, or not at all. Never send `COMMIT` or
+/// `ROLLBACK` through it yourself: idem finds the transaction ended before
+/// it settles, answers 500 (`urn:idem:problem:transaction-ended`) where
+/// something may have been kept, and keeps the key from running again
+/// (docs/transactional.md, "What a handler may do with `Tx`").
+///
 /// ```no_run
 /// use axum::{Json, http::StatusCode};
 /// use idem_tower::Tx;
-/// use idem_tower::sql::sqlx::{self, Postgres};
+/// use idem_tower::sql::sqlx::{self, Connection, Postgres};
 ///
 /// async fn create_order(mut tx: Tx<Postgres>, Json(sku): Json<String>) -> Result<StatusCode, StatusCode> {
+///     let failed = |_: sqlx::Error| StatusCode::INTERNAL_SERVER_ERROR;
 ///     sqlx::query("INSERT INTO orders (sku) VALUES ($1)")
-///         .bind(sku)
+///         .bind(&sku)
 ///         .execute(&mut *tx)
 ///         .await
-///         .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+///         .map_err(failed)?;
+///     // A savepoint: committing it keeps its write in the claim's transaction.
+///     let mut line = tx.begin().await.map_err(failed)?;
+///     sqlx::query("INSERT INTO order_lines (sku) VALUES ($1)")
+///         .bind(&sku)
+///         .execute(&mut *line)
+///         .await
+///         .map_err(failed)?;
+///     line.commit().await.map_err(failed)?;
 ///     Ok(StatusCode::CREATED)
 /// }
 /// ```

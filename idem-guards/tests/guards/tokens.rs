@@ -153,9 +153,65 @@ async fn token_is_bound_to_its_subject_and_restorable<DB: GuardDb + TestSql>(poo
     table.drop_table().await;
 }
 
+/// A token consumed in a transactional claim's transaction (the
+/// connection `Tx` lends) goes with it: a request that then fails rolls
+/// the consumption back, and the token is valid again. MySQL's locked
+/// read and delete run in a nested transaction, a savepoint of the
+/// claim's (it committed the claim's transaction halfway before the
+/// transaction was lent counted open); both paths are run.
+async fn a_token_consumed_by_a_failed_request_is_valid_again<DB: GuardDb + TestSql>(
+    pool: Pool<DB>,
+) {
+    use idem_sql::__core::{Fingerprint, IdempotencyKey, OwnerToken, TransactionalStore, TxClaim};
+    use idem_sql::{SqlStore, TxSlot};
+
+    let (tokens, table) = tokens(&pool).await;
+    let store = SqlStore::builder(pool.clone())
+        .table("guard_tokens_tx_records")
+        .build()
+        .unwrap();
+    store.migrate().await.unwrap();
+    for tokens in [tokens.clone(), tokens.without_delete_returning()] {
+        let subject = "acme:alice:checkout";
+        let token = tokens
+            .issue(subject, Duration::from_secs(600))
+            .await
+            .unwrap();
+        let key = IdempotencyKey::new("guard-test:", &nonce());
+        let claim = store
+            .claim_in_transaction(
+                &key,
+                &Fingerprint::from_bytes([1; 32]),
+                Duration::from_secs(30),
+                OwnerToken::generate(),
+            )
+            .await
+            .unwrap();
+        let TxClaim::Open(tx) = claim else {
+            panic!("a fresh key is claimed: {claim:?}");
+        };
+        {
+            let handle = tx.handle();
+            let mut guard = handle.get::<TxSlot<DB>>().unwrap().lock().await;
+            let conn = &mut **guard.as_mut().unwrap();
+            let used = tokens.consume(conn, subject, &token).await.unwrap();
+            assert!(matches!(used, TokenUse::Consumed(_)), "{used:?}");
+        }
+        tx.rollback().await.unwrap();
+        let mut conn = pool.acquire().await.unwrap();
+        let used = tokens.consume(&mut *conn, subject, &token).await.unwrap();
+        assert!(
+            matches!(used, TokenUse::Consumed(_)),
+            "the token stayed consumed by a request that rolled back: {used:?}"
+        );
+    }
+    table.drop_table().await;
+}
+
 sql_cases!(
     twenty_concurrent_submits_with_one_token_pass_once,
     token_is_bound_to_its_subject_and_restorable,
+    a_token_consumed_by_a_failed_request_is_valid_again,
 );
 
 /// The locked-read path is MySQL's; PostgreSQL runs it too, as a second

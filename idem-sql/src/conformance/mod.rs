@@ -4,6 +4,7 @@
 //! migrations, purging (`table.rs`). Here: the statements the cases run on
 //! their own tables, and what the cases share.
 
+mod handler;
 mod table;
 mod transactions;
 
@@ -12,6 +13,10 @@ use std::time::Duration;
 
 use sqlx::AssertSqlSafe;
 
+pub use handler::{
+    a_nested_commit_is_undone_with_a_failed_request, a_nested_commit_keeps_the_key_held,
+    a_nested_rollback_undoes_only_its_own_writes, a_transaction_the_handler_ended_never_runs_again,
+};
 pub use table::{
     completed_key_answers_without_waiting_on_its_row, migrate_twice_and_custom_table,
     purge_removes_only_expired_rows,
@@ -66,6 +71,11 @@ pub trait TestSql: Dialect {
     fn exec(pool: &sqlx::Pool<Self>, sql: String) -> impl Future<Output = ()> + Send;
     /// Runs `sql` on `conn`.
     fn exec_on(conn: &mut Self::Connection, sql: String) -> impl Future<Output = ()> + Send;
+    /// Runs `sql` on `conn`, which may fail.
+    fn try_exec_on(
+        conn: &mut Self::Connection,
+        sql: String,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
     /// Runs a `SELECT COUNT(*)`.
     fn count(pool: &sqlx::Pool<Self>, sql: String) -> impl Future<Output = i64> + Send;
 }
@@ -81,6 +91,9 @@ macro_rules! test_sql {
             }
             async fn exec_on(conn: &mut Self::Connection, sql: String) {
                 sqlx::raw_sql(AssertSqlSafe(sql)).execute(conn).await.expect("statement");
+            }
+            async fn try_exec_on(conn: &mut Self::Connection, sql: String) -> Result<(), sqlx::Error> {
+                sqlx::raw_sql(AssertSqlSafe(sql)).execute(conn).await.map(drop)
             }
             // A simple query, as the others: through a pooler in
             // transaction pooling a prepared one could meet another
@@ -190,6 +203,10 @@ macro_rules! transactional_conformance_tests {
             keys_and_outcomes_of_any_bytes_round_trip,
             an_expired_record_is_taken_over_in_a_transaction,
             claims_and_commits_dropped_midway_leave_the_store_whole,
+            a_nested_commit_is_undone_with_a_failed_request,
+            a_nested_rollback_undoes_only_its_own_writes,
+            a_nested_commit_keeps_the_key_held,
+            a_transaction_the_handler_ended_never_runs_again,
         );
     };
 }

@@ -34,6 +34,33 @@ use idem_core::{Error, OwnerToken};
 #[allow(unreachable_pub)] // sealed: named only inside the crate
 pub type Started<DB> = (ClaimTx<DB>, ClaimStep);
 
+/// How a transactional claim's transaction was settled, committed or
+/// rolled back ([`Dialect::tx_commit`], [`Dialect::tx_rollback`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(unreachable_pub)] // sealed: named only inside the crate
+pub enum Settled {
+    /// As asked: committed with the record, or rolled back.
+    Done,
+    /// Not committed: another claim's live row was in the way, or the
+    /// claim's row was no longer its own (the database rolled the
+    /// transaction back under the handler: a deadlock, a Galera abort).
+    /// Nothing of the transaction committed.
+    Fenced,
+    /// The transaction was no longer the claim's: the handler ended it,
+    /// and what it wrote before may have committed without the record.
+    /// The key is kept from running again by a record that is not
+    /// replayable (ARCHITECTURE.md, "The claim's transaction belongs to
+    /// idem").
+    Ended,
+}
+
+impl Settled {
+    /// [`Settled::Done`] if `done`, else [`Settled::Fenced`].
+    pub(crate) fn from_done(done: bool) -> Self {
+        if done { Self::Done } else { Self::Fenced }
+    }
+}
+
 /// A database idem keeps records in and runs its guards on: PostgreSQL
 /// (`sqlx::Postgres`), MySQL or MariaDB (`sqlx::MySql`), SQLite
 /// (`sqlx::Sqlite`).
@@ -259,10 +286,38 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
         }
     }
 
+    /// The statement a won transactional claim's transaction is lent to
+    /// the handler with ([`ClaimTx::lend`]: sqlx then counts it open, so a
+    /// nested `begin()` is a savepoint), which marks the transaction as
+    /// the claim's, so that [`Dialect::tx_commit`] and
+    /// [`Dialect::tx_rollback`] can tell whether it still is. `None` where
+    /// sqlx began the transaction (SQLite): there is nothing to lend.
+    #[doc(hidden)]
+    fn lend_statement(owner: &OwnerToken) -> Option<String> {
+        let _ = owner;
+        None
+    }
+
+    /// Lends a won transactional claim's transaction to the handler: by
+    /// default [`ClaimTx::lend`] with [`Dialect::lend_statement`].
+    #[doc(hidden)]
+    fn tx_lend(
+        tx: &mut ClaimTx<Self>,
+        owner: &OwnerToken,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
+        let statement = Self::lend_statement(owner);
+        async move {
+            if let Some(statement) = statement {
+                tx.lend(statement).await?;
+            }
+            Ok(())
+        }
+    }
+
     /// Records a transactional claim's `outcome` and commits, writes and
-    /// record together. `false` if another claim's live row is in the way:
-    /// then nothing is committed. By default the claim's row is completed,
-    /// then COMMIT.
+    /// record together. [`Settled::Fenced`] if another claim's live row is
+    /// in the way: then nothing is committed. By default the claim's row
+    /// is completed, then COMMIT.
     #[doc(hidden)]
     fn tx_commit(
         mut tx: ClaimTx<Self>,
@@ -270,7 +325,7 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
         args: ClaimArgs<'_>,
         outcome: &[u8],
         ttl_ms: i64,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send {
+    ) -> impl Future<Output = Result<Settled, sqlx::Error>> + Send {
         async move {
             let done = Self::complete(&mut tx, queries, args.key_hash, args.owner, outcome, ttl_ms)
                 .await?;
@@ -279,8 +334,44 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
             } else {
                 tx.rollback().await?;
             }
-            Ok(done)
+            Ok(Settled::from_done(done))
         }
+    }
+
+    /// Rolls a transactional claim's transaction back, the handler's
+    /// writes with it. [`Settled::Ended`] if the transaction was no longer
+    /// the claim's (the key is then kept for `ttl_ms` by a record that is
+    /// not replayable). By default the ROLLBACK alone.
+    #[doc(hidden)]
+    fn tx_rollback(
+        tx: ClaimTx<Self>,
+        queries: &Queries,
+        args: ClaimArgs<'_>,
+        ttl_ms: i64,
+    ) -> impl Future<Output = Result<Settled, sqlx::Error>> + Send {
+        let _ = (queries, args, ttl_ms);
+        async move {
+            tx.rollback().await?;
+            Ok(Settled::Done)
+        }
+    }
+
+    /// After [`Settled::Ended`], on a connection with no transaction open:
+    /// keeps the key of the claim from running again, for `ttl_ms`, with
+    /// `outcome` (a record that is not replayable). `false` if the claim
+    /// had nothing committed to keep: the database rolled its transaction
+    /// back (its row is gone), and the key is free as after a rollback. By
+    /// default the claim's row completed, if still its own (the handler's
+    /// COMMIT committed it in flight).
+    #[doc(hidden)]
+    fn tx_keep_ended(
+        conn: &mut Self::Connection,
+        queries: &Queries,
+        args: ClaimArgs<'_>,
+        outcome: &[u8],
+        ttl_ms: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send {
+        Self::complete(conn, queries, args.key_hash, args.owner, outcome, ttl_ms)
     }
 
     /// [`Dialect::tx_commit`], and in the same call to the database the
@@ -297,11 +388,11 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
         outcome: &[u8],
         ttl_ms: i64,
         next_hash: &[u8; 32],
-    ) -> impl Future<Output = Result<(bool, Option<Started<Self>>), sqlx::Error>> + Send {
+    ) -> impl Future<Output = Result<(Settled, Option<Started<Self>>), sqlx::Error>> + Send {
         let _ = next_hash;
         async move {
-            let done = Self::tx_commit(tx, queries, args, outcome, ttl_ms).await?;
-            Ok((done, None))
+            let settled = Self::tx_commit(tx, queries, args, outcome, ttl_ms).await?;
+            Ok((settled, None))
         }
     }
 

@@ -235,6 +235,50 @@ pub(crate) fn prepare(q: &Queries, server: Server, script: &str) -> String {
 /// compound commit signals then ([`commit_mariadb`]).
 pub(crate) const NOT_COMPLETED: u32 = 1242;
 
+/// The savepoint that marks a lent transaction as the claim's ([`lend`]):
+/// a savepoint lasts until its transaction ends, by COMMIT or ROLLBACK,
+/// whoever sends it, or the database rolls it back (a deadlock, a Galera
+/// abort); a handler's nested transactions are savepoints of sqlx's names.
+const MARK: &str = "idem_claim";
+
+/// MySQL's error when a savepoint does not exist (`ER_SP_DOES_NOT_EXIST`):
+/// what releasing [`MARK`] raises once the claim's transaction ended.
+pub(crate) const NO_SAVEPOINT: u32 = 1305;
+
+/// The statement a won claim's transaction is lent to the handler with
+/// (`claim_tx.rs`): the session out of autocommit, and [`MARK`] set.
+///
+/// Out of autocommit, a statement after the transaction ended (the
+/// handler's own COMMIT or ROLLBACK, or the database's rollback of a
+/// deadlock or a Galera abort, after which MySQL runs each statement on
+/// its own) begins a transaction instead of committing alone, and the
+/// store rolls that back when it finds [`MARK`] gone: nothing the handler
+/// writes after its transaction ended is ever kept. [`AUTOCOMMIT`] sets
+/// the session back on every end of the transaction (`mysql.rs`,
+/// `end_transaction`).
+pub(crate) fn lend() -> String {
+    format!("SET autocommit = 0; SAVEPOINT {MARK}")
+}
+
+/// [`MARK`] set again, before a commit is sent again after its first run
+/// released it and stopped at an `EXECUTE` of a statement the session had
+/// not prepared (`mysql.rs`, `run_prepared`).
+pub(crate) fn remark() -> String {
+    format!("SAVEPOINT {MARK}; ")
+}
+
+/// The session set back to autocommit after a lent transaction ended,
+/// last in every statement that ends it ([`lend`]). After the ROLLBACK or
+/// COMMIT: setting autocommit commits a transaction still open.
+pub(crate) const AUTOCOMMIT: &str = "SET autocommit = 1";
+
+/// The end of a claim's transaction whose handler's response was not
+/// kept: [`MARK`] released, which fails with [`NO_SAVEPOINT`] if the
+/// transaction was no longer the claim's, ROLLBACK, and [`AUTOCOMMIT`].
+pub(crate) fn rollback() -> String {
+    format!("RELEASE SAVEPOINT {MARK}; ROLLBACK; {AUTOCOMMIT}")
+}
+
 /// The start of a transactional claim: BEGIN (the transaction is the
 /// claim's own, `claim_tx.rs`); the claim's row written (the store's `claim` upsert, `q.claim`, prepared)
 /// under no lock wait, so that another transaction's claim of the key
@@ -335,6 +379,7 @@ pub(crate) struct Completed<'a> {
 /// carried the outcome.
 pub(crate) fn commit(q: &Queries, record: &Completed<'_>) -> String {
     let mut out = String::with_capacity(2 * record.outcome.len() + 512 + q.table.len());
+    push_release(&mut out);
     push_set(
         &mut out,
         &[
@@ -353,7 +398,8 @@ pub(crate) fn commit(q: &Queries, record: &Completed<'_>) -> String {
     // The variable that carried the outcome emptied in the check's `SET`.
     out.push_str("; SET @idem_outcome = NULL, ");
     out.push_str(CHECK);
-    out.push_str("; COMMIT");
+    out.push_str("; COMMIT; ");
+    out.push_str(AUTOCOMMIT);
     out
 }
 
@@ -367,6 +413,7 @@ pub(crate) fn commit(q: &Queries, record: &Completed<'_>) -> String {
 pub(crate) fn commit_mariadb(q: &Queries, record: &Completed<'_>) -> String {
     let mut out = String::with_capacity(2 * record.outcome.len() + 384 + q.table.len());
     out.push_str("BEGIN NOT ATOMIC ");
+    push_release(&mut out);
     Prepared::Complete.push_execute_values(
         &mut out,
         &q.table,
@@ -379,8 +426,19 @@ pub(crate) fn commit_mariadb(q: &Queries, record: &Completed<'_>) -> String {
     );
     out.push_str("; ");
     out.push_str(SIGNAL_UNLESS_COMPLETED);
-    out.push_str("; COMMIT; END");
+    out.push_str("; COMMIT; ");
+    out.push_str(AUTOCOMMIT);
+    out.push_str("; END");
     out
+}
+
+/// Appends the release of [`MARK`], first in a commit: if the transaction
+/// is no longer the claim's it fails with [`NO_SAVEPOINT`], and nothing
+/// after it runs (the completion would otherwise commit on its own).
+fn push_release(out: &mut String) {
+    out.push_str("RELEASE SAVEPOINT ");
+    out.push_str(MARK);
+    out.push_str("; ");
 }
 
 /// The check after the completion in MariaDB's compound commit
@@ -507,8 +565,9 @@ mod tests {
         assert_eq!(
             commit,
             format!(
-                "BEGIN NOT ATOMIC EXECUTE idem1_complete_t USING X'6f', 5, {}, {owner_hex}; \
-                 {SIGNAL_UNLESS_COMPLETED}; COMMIT; END",
+                "BEGIN NOT ATOMIC RELEASE SAVEPOINT idem_claim; \
+                 EXECUTE idem1_complete_t USING X'6f', 5, {}, {owner_hex}; \
+                 {SIGNAL_UNLESS_COMPLETED}; COMMIT; {AUTOCOMMIT}; END",
                 bytes(&hash)
             ),
         );

@@ -19,7 +19,8 @@ pub use literal::inline;
 use super::ClaimTx;
 use super::claim_tx::{EndTx, end_transaction};
 use super::dialect::{
-    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, Value, has_code, run_migrations, sealed,
+    ClaimArgs, ClaimStep, Dialect, Queries, RecordRow, Settled, Value, has_code, run_migrations,
+    sealed,
 };
 use idem_core::OwnerToken;
 use session::Statement;
@@ -332,13 +333,17 @@ impl Dialect for Postgres {
         Ok(ClaimStep::under_lock(record))
     }
 
+    fn lend_statement(owner: &OwnerToken) -> Option<String> {
+        Some(script::lend(owner.as_bytes()))
+    }
+
     async fn tx_commit(
         mut tx: ClaimTx<Self>,
         q: &Queries,
         args: ClaimArgs<'_>,
         outcome: &[u8],
         ttl_ms: i64,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<Settled, sqlx::Error> {
         let script = script::commit(
             &q.table,
             &script::Completed {
@@ -348,21 +353,75 @@ impl Dialect for Postgres {
                 outcome,
                 ttl_ms,
             },
+            args.owner.as_bytes(),
         );
         match sqlx::raw_sql(AssertSqlSafe(script)).execute(&mut *tx).await {
             // Committed: the transaction is over.
             Ok(_) => {
                 tx.ended();
-                Ok(true)
+                Ok(Settled::Done)
             }
             // A live row in the way: the insert failed, nothing after it
             // ran.
             Err(err) if has_code(&err, &["23505"]) => {
                 tx.rollback().await?;
-                Ok(false)
+                Ok(Settled::Fenced)
+            }
+            Err(err) if is_ended(&err) => {
+                // Whatever the handler began after it ended ours is
+                // rolled back.
+                tx.rollback().await?;
+                Ok(Settled::Ended)
             }
             Err(err) => Err(err),
         }
+    }
+
+    async fn tx_rollback(
+        mut tx: ClaimTx<Self>,
+        _: &Queries,
+        args: ClaimArgs<'_>,
+        _: i64,
+    ) -> Result<Settled, sqlx::Error> {
+        let script = script::rollback(args.owner.as_bytes());
+        match sqlx::raw_sql(AssertSqlSafe(script)).execute(&mut *tx).await {
+            Ok(_) => {
+                tx.ended();
+                Ok(Settled::Done)
+            }
+            Err(err) => {
+                tx.rollback().await?;
+                // Any other failure: the check's statement met a
+                // transaction aborted by a statement of the handler's, the
+                // claim's still, now rolled back.
+                Ok(if is_ended(&err) {
+                    Settled::Ended
+                } else {
+                    Settled::Done
+                })
+            }
+        }
+    }
+
+    async fn tx_keep_ended(
+        conn: &mut PgConnection,
+        q: &Queries,
+        args: ClaimArgs<'_>,
+        outcome: &[u8],
+        ttl_ms: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let script = script::tombstone(
+            &q.table,
+            &script::Completed {
+                key_hash: args.key_hash,
+                key: args.key,
+                fingerprint: args.fingerprint.as_bytes(),
+                outcome,
+                ttl_ms,
+            },
+        );
+        sqlx::raw_sql(AssertSqlSafe(script)).execute(conn).await?;
+        Ok(true)
     }
 
     fn is_lock_timeout(err: &sqlx::Error) -> bool {
@@ -471,6 +530,14 @@ fn decode_error(index: usize, what: &str) -> sqlx::Error {
         index: index.to_string(),
         source: what.into(),
     }
+}
+
+/// Whether `err` is the failure of the check a settling script begins
+/// with (`script.rs`, `push_check`): the transaction was not the claim's.
+fn is_ended(err: &sqlx::Error) -> bool {
+    err.as_database_error().is_some_and(|e| {
+        e.code().as_deref() == Some("22P02") && e.message().contains(script::ENDED)
+    })
 }
 
 /// The advisory lock id of a key: the first 8 bytes of its hash.

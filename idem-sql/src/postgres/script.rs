@@ -184,6 +184,83 @@ pub(crate) fn prepare_and_claim(
     )
 }
 
+/// The transaction-local setting that marks a lent transaction as the
+/// claim's ([`lend`]). A setting made with `set_config(..., true)` lasts
+/// until its transaction ends, by COMMIT or ROLLBACK, whoever sends it.
+const MARK: &str = "idem.claim";
+
+/// The text [`push_check`]'s failure carries, by which the store knows it
+/// (no quote in it: it goes into a literal as it is).
+pub(crate) const ENDED: &str = "idem: the transaction of the claim ended before idem settled it";
+
+/// The statement a won claim's transaction is lent to the handler with
+/// (`claim_tx.rs`): marks it as the claim of `owner`, whose token it
+/// holds in hexadecimal digits.
+pub(crate) fn lend(owner: &[u8]) -> String {
+    let mut out = String::with_capacity(2 * owner.len() + 48);
+    write!(out, "SELECT set_config('{MARK}', '").expect("a String takes any text");
+    crate::hex_digits::push(&mut out, owner);
+    out.push_str("', true)");
+    out
+}
+
+/// Appends a statement that fails unless the transaction is the one
+/// [`lend`] marked for `owner`: the handler may have ended it (a raw
+/// COMMIT or ROLLBACK), and a script's statements after it must then not
+/// run. It fails with a cast of [`ENDED`] to an integer, evaluated only
+/// then: the text depends on `current_setting`, which PostgreSQL does not
+/// fold into a constant when it plans the statement.
+fn push_check(out: &mut String, owner: &[u8]) {
+    write!(out, "SELECT CASE WHEN current_setting('{MARK}', true) = '")
+        .expect("a String takes any text");
+    crate::hex_digits::push(out, owner);
+    write!(
+        out,
+        "' THEN 0 ELSE ('{ENDED}; marked ' || coalesce(current_setting('{MARK}', true), 'nothing'))::int END"
+    )
+    .expect("a String takes any text");
+}
+
+/// The end of a claim's transaction whose handler's response was not
+/// kept: the check that it is still the claim's ([`push_check`]), and a
+/// ROLLBACK. `AND CHAIN`: sqlx counts the transaction open
+/// (`claim_tx.rs`, `ended`) and ends the empty one chained to it with a
+/// ROLLBACK of its own, where a ROLLBACK of nothing would warn.
+pub(crate) fn rollback(owner: &[u8]) -> String {
+    let mut out = String::with_capacity(2 * owner.len() + 200);
+    push_check(&mut out, owner);
+    out.push_str("; ROLLBACK AND CHAIN");
+    out
+}
+
+/// A record that is not replayable (`outcome`), inserted on its own (no
+/// transaction open) where none is, to keep the key of a claim whose
+/// transaction the handler ended from running again. Values as literals,
+/// no prepared statement: through a pooler this may be another session.
+pub(crate) fn tombstone(table: &str, record: &Completed<'_>) -> String {
+    let mut out = String::with_capacity(table.len() + 2 * record.outcome.len() + 400);
+    write!(
+        out,
+        "INSERT INTO {table} (key_hash, idem_key, state, owner, fingerprint, outcome, expires_at) \
+         VALUES ("
+    )
+    .expect("a String takes any text");
+    push_bytes(&mut out, record.key_hash);
+    out.push_str(", convert_from(");
+    push_bytes(&mut out, record.key.as_bytes());
+    out.push_str(", 'UTF8'), 'C', NULL, ");
+    push_bytes(&mut out, record.fingerprint);
+    out.push_str(", ");
+    push_bytes(&mut out, record.outcome);
+    write!(
+        out,
+        ", now() + {} * interval '1 millisecond') ON CONFLICT (key_hash) DO NOTHING",
+        record.ttl_ms
+    )
+    .expect("a String takes any text");
+    out
+}
+
 /// A transactional claim's completed record.
 pub(crate) struct Completed<'a> {
     pub(crate) key_hash: &'a [u8; 32],
@@ -194,12 +271,14 @@ pub(crate) struct Completed<'a> {
 }
 
 /// The end of a transactional claim whose start found no live record: the
+/// check that the transaction is still the claim's ([`push_check`]), the
 /// completed record inserted (and an expired one of the key deleted:
 /// [`prepare_missing`]), COMMIT, which ends the claim's own transaction
-/// (`claim_tx.rs`). A live record in the way (written past the lock, by a
-/// plain claim) makes the insert fail on the unique index, and the rest of
-/// the query is not run: nothing commits.
-pub(crate) fn commit(table: &str, record: &Completed<'_>) -> String {
+/// (`claim_tx.rs`; `AND CHAIN`, as in [`rollback`]). A live record in the
+/// way (written past the lock, by a plain claim) makes the insert fail on
+/// the unique index, and a failed check fails its statement: the rest of
+/// the query is not run, and nothing commits.
+pub(crate) fn commit(table: &str, record: &Completed<'_>, owner: &[u8]) -> String {
     let values = [
         &record.key_hash[..],
         record.key.as_bytes(),
@@ -209,13 +288,14 @@ pub(crate) fn commit(table: &str, record: &Completed<'_>) -> String {
     // Built in place, each value's digits written once: the stored
     // response can be most of the text.
     let digits: usize = values.iter().map(|value| 2 * value.len() + 8).sum();
-    let mut out = String::with_capacity(table.len() + digits + 60);
-    write!(out, "EXECUTE idem{GENERATION}_insert_{table}(").expect("a String takes any text");
+    let mut out = String::with_capacity(table.len() + digits + 260);
+    push_check(&mut out, owner);
+    write!(out, "; EXECUTE idem{GENERATION}_insert_{table}(").expect("a String takes any text");
     for value in values {
         push_bytes(&mut out, value);
         out.push_str(", ");
     }
-    write!(out, "{}); COMMIT", record.ttl_ms).expect("a String takes any text");
+    write!(out, "{}); COMMIT AND CHAIN", record.ttl_ms).expect("a String takes any text");
     out
 }
 

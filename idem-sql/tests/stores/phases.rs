@@ -296,6 +296,52 @@ macro_rules! phase_cases {
                 }
             }
 
+            /// A nested transaction in a phase (`begin()` on the `PhaseTx`,
+            /// committed) is a savepoint of the phase's: a phase that then
+            /// fails keeps nothing, its point included, and its retry
+            /// creates the order once.
+            #[tokio::test]
+            async fn a_nested_commit_in_a_failed_phase_keeps_nothing() {
+                let Some(shop) = Shop::new().await else {
+                    return;
+                };
+                let op = operation();
+                let create = |fail: bool| {
+                    let phases = Phases::new(&shop.store, op, Duration::from_secs(600));
+                    let orders = shop.orders.clone();
+                    async move {
+                        phases
+                            .transaction("create-order", |mut tx| async move {
+                                let id = order_id();
+                                let mut inner = sqlx::Connection::begin(&mut *tx).await?;
+                                sqlx::query(sqlx::AssertSqlSafe(format!(
+                                    "INSERT INTO {orders} (id, amount, state) \
+                                     VALUES ({}, {}, 'pending')",
+                                    $p1, $p2
+                                )))
+                                .persistent(false)
+                                .bind(id)
+                                .bind(1200_i64)
+                                .execute(&mut *inner)
+                                .await?;
+                                inner.commit().await?;
+                                if fail {
+                                    return Err(Failure::Crash);
+                                }
+                                Ok::<_, Failure>(id)
+                            })
+                            .await
+                    }
+                };
+                assert!(matches!(create(true).await, Err(Failure::Crash)));
+                assert_eq!(shop.orders().await, [], "the failed phase kept its order");
+                assert_eq!(shop.points().await, 0);
+                let order = create(false).await.expect("the retry");
+                assert_eq!(shop.orders().await, [(order, "pending".to_owned(), None)]);
+                assert_eq!(create(false).await.expect("a later run"), order);
+                shop.drop_tables().await;
+            }
+
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn concurrent_runs_finish_each_phase_once() {
                 let Some(shop) = Shop::new().await else {

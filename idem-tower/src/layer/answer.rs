@@ -29,6 +29,9 @@ pub(super) enum Answer {
     /// The store failed: 503, and the service was not called, or its
     /// transaction did not commit.
     Unavailable(idem_core::Error),
+    /// The handler ended the claim's transaction itself: 500, and the key
+    /// kept from running again (the store logged which).
+    TransactionEnded,
     /// Another request already claimed the key: its stored response, 409
     /// while it runs (or if its response was too large to store), 422 if
     /// it was another request.
@@ -81,6 +84,10 @@ impl Answer {
                 wire.problem(Problem::StoreUnavailable {
                     retry_after: settings.config().unavailable_retry_after,
                 })
+            }
+            Self::TransactionEnded => {
+                metrics::request(Handled::TransactionEnded, route);
+                wire.problem(Problem::TransactionEnded)
             }
             Self::Duplicate(dup) => duplicate(dup, settings, route, wire),
         }

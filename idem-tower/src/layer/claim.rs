@@ -179,6 +179,10 @@ impl Claimed {
             Self::Plain { guard, .. } => guard.release(reason).await,
             Self::Transaction(transaction) => match transaction.rollback().await {
                 Ok(()) => tracing::info!(reason, "rolled back the handler's writes and the claim"),
+                // Logged and counted by the store, which kept the key.
+                Err(err) if err.kind() == idem_core::ErrorKind::TransactionEnded => {
+                    tracing::debug!(reason, "the handler had ended the transaction");
+                }
                 // The transaction ends with its connection either way.
                 Err(err) => tracing::warn!(reason, error = %err, "rollback failed"),
             },

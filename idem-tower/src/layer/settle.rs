@@ -8,7 +8,7 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Response};
 use http_body::Body;
 use http_body_util::BodyExt;
-use idem_core::{Outcome, StoredResponse};
+use idem_core::{ErrorKind, Outcome, StoredResponse};
 
 use super::answer::{Answer, Wire};
 use super::claim::Claimed;
@@ -37,6 +37,11 @@ where
                 Ok(()) => {
                     metrics::request(Handled::First, &route);
                     response
+                }
+                // The handler ended the transaction: what it wrote may
+                // have committed, and its key will not run again.
+                Err(err) if err.kind() == ErrorKind::TransactionEnded => {
+                    Answer::TransactionEnded.respond(&settings, &route, wire)
                 }
                 // Nothing committed: the handler's writes are gone too, so
                 // the client must not see its success.

@@ -11,6 +11,7 @@ mod client;
 mod client_faults;
 mod contract;
 mod counted;
+mod handler_tx;
 mod payments;
 mod pooler;
 mod redis_outage;
