@@ -112,7 +112,7 @@ impl IdemModel {
                 // The handler's call out first (a charge at a provider that
                 // deduplicates by key), then its own effect.
                 stores::charge(state, k, token, bug);
-                self.effect(state, k);
+                self.effect(state, k, token);
                 Step::Complete
             }
             Step::OrderCommit => {
@@ -140,7 +140,7 @@ impl IdemModel {
             Step::Charge => {
                 if state.keys[k].points & Phase::Charge.bit(fingerprint) != 0 {
                     state.ghost.resumed = true;
-                    self.effect(state, k);
+                    self.effect(state, k, token);
                     Step::Complete
                 } else {
                     stores::charge(state, k, token, bug);
@@ -149,7 +149,7 @@ impl IdemModel {
             }
             Step::ChargePoint => {
                 state.keys[k].points |= Phase::Charge.bit(fingerprint);
-                self.effect(state, k);
+                self.effect(state, k, token);
                 Step::Complete
             }
             Step::Complete => match self.mode {
@@ -163,6 +163,21 @@ impl IdemModel {
                         // gate alone, and the client still gets its response
                         // (`lease::complete`).
                         Step::Answer(Reply::First(response))
+                    }
+                }
+                Mode::Transactional if bug == Bug::HandlerEndsTransaction => {
+                    // The transaction the handler ended is not checked: the
+                    // record is inserted on its own, where no live row is.
+                    if stores::commit(&mut state.keys[k].sql, now, fingerprint, response) {
+                        state.ghost.committed |= bit(token);
+                        match self.after_commit(response) {
+                            Then::Answer(reply) => {
+                                Step::AnswerThen(reply, GateWrite::Complete(response))
+                            }
+                            then => Step::GateWrite(GateWrite::Complete(response), then),
+                        }
+                    } else {
+                        Step::Answer(Reply::Failed)
                     }
                 }
                 Mode::Transactional => {
@@ -196,7 +211,11 @@ impl IdemModel {
                 }
             }
             Step::Rollback => {
-                state.keys[k].tx = None;
+                // Ours, unless the handler ended the transaction early
+                // (`Bug::HandlerEndsTransaction`) and another claim took it.
+                if state.keys[k].tx == Some(token) {
+                    state.keys[k].tx = None;
+                }
                 Step::GateWrite(GateWrite::Release, Then::Answer(Reply::Failed))
             }
             Step::Answer(reply) => {
@@ -216,10 +235,23 @@ impl IdemModel {
     }
 
     /// The handler's own effect on key `k`: written at once in plain mode;
-    /// in transactional mode made durable by the commit.
-    fn effect(&self, state: &mut State, k: usize) {
-        if self.mode == Mode::Plain {
-            state.ghost.effects[k] += 1;
+    /// in transactional mode made durable by the commit. The handler groups
+    /// its writes in a nested transaction, which is a savepoint of the
+    /// claim's (idem-sql's `claim_tx.rs`); with
+    /// [`Bug::HandlerEndsTransaction`] its commit commits the claim's
+    /// transaction: the effect is durable at once, and the key's lock,
+    /// `token`'s, is let go.
+    fn effect(&self, state: &mut State, k: usize, token: u8) {
+        match self.mode {
+            Mode::Plain => state.ghost.effects[k] += 1,
+            Mode::Transactional if self.bug == Bug::HandlerEndsTransaction => {
+                state.ghost.effects[k] += 1;
+                let key = &mut state.keys[k];
+                if key.tx == Some(token) {
+                    key.tx = None;
+                }
+            }
+            Mode::Transactional => {}
         }
     }
 

@@ -48,11 +48,21 @@ pub enum Bug {
     /// or a concurrent run that read no point yet, makes the phase's
     /// writes again, and the order is created twice.
     PointAfterPhaseCommit,
+    /// In transactional mode the handler groups its writes in a nested
+    /// transaction (`begin()` and `commit()` on the connection it was
+    /// lent) that commits the claim's transaction instead of being a
+    /// savepoint of it, and the store settles without checking that its
+    /// transaction is still the claim's (as idem did before the claim's
+    /// transaction was lent counted open): the effect is durable and the
+    /// key's lock let go while the handler runs, so another instance runs
+    /// the effect meanwhile, or a failing handler's rollback keeps it and
+    /// the retry makes it again.
+    HandlerEndsTransaction,
 }
 
 impl Bug {
     /// Every seeded bug, [`Bug::None`] excepted.
-    pub const SEEDED: [Self; 7] = [
+    pub const SEEDED: [Self; 8] = [
         Self::CompleteWithoutOwnerCheck,
         Self::TakeoverIgnoresLease,
         Self::GateTrustedWithoutSqlOnTxClaim,
@@ -60,6 +70,7 @@ impl Bug {
         Self::GateTrustsMismatch,
         Self::ChildKeyPerRun,
         Self::PointAfterPhaseCommit,
+        Self::HandlerEndsTransaction,
     ];
 
     /// The property this bug breaks, or `None` for [`Bug::None`].
@@ -67,9 +78,9 @@ impl Bug {
         match self {
             Self::None => None,
             Self::CompleteWithoutOwnerCheck => Some(properties::REPLAY_IS_COMMITTED_RESPONSE),
-            Self::TakeoverIgnoresLease | Self::ReleaseAfterCommit => {
-                Some(properties::AT_MOST_ONE_EFFECT)
-            }
+            Self::TakeoverIgnoresLease
+            | Self::ReleaseAfterCommit
+            | Self::HandlerEndsTransaction => Some(properties::AT_MOST_ONE_EFFECT),
             Self::GateTrustedWithoutSqlOnTxClaim => Some(properties::NO_KEY_HELD_BY_THE_DEAD),
             Self::GateTrustsMismatch => Some(properties::COMMITTED_NEVER_REFUSED),
             Self::ChildKeyPerRun => Some(properties::AT_MOST_ONE_CHARGE),

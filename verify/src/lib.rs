@@ -102,6 +102,7 @@
 //! |---|---|---|
 //! | "Records": every transition a compare-and-set on the owner token, expiry judged by the store's clock | 1, [`AT_MOST_ONE_EFFECT`]; 3, [`REPLAY_IS_COMMITTED_RESPONSE`] | [`Bug::TakeoverIgnoresLease`] (1), [`Bug::CompleteWithoutOwnerCheck`] (3) |
 //! | "Records": a failed attempt releases its key; a completed one keeps it | 1 | [`Bug::ReleaseAfterCommit`] |
+//! | "The claim's transaction belongs to idem": a handler's nested transaction is a savepoint of the claim's | 1 | [`Bug::HandlerEndsTransaction`] |
 //! | "The three layers": the claim, the handler's writes and the response one transaction; the unique index the last word at commit | 1 (no exception in transactional mode); 2, [`ACKNOWLEDGED_EFFECT_EXISTS`] | |
 //! | "The three layers", failure policy: Redis down degrades to SQL, still exactly once; a key Redis lost is a duplicate SQL catches | 1, 3 under [`Faults::redis_errors`] and [`Faults::redis_losses`]; reached: [`SQL_CATCHES_LOST_KEY`] | |
 //! | "The three layers", liveness: a transactional claim lives as long as its transaction, a plain one by its lease; a crashed request's key frees with its session, behind the gate too | 4, [`NO_KEY_HELD_BY_THE_DEAD`]; reached: [`TAKEOVER_AFTER_CRASH`] | [`Bug::GateTrustedWithoutSqlOnTxClaim`] |

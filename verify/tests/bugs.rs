@@ -108,3 +108,12 @@ fn a_point_recorded_after_its_phase_commits_makes_the_order_twice() {
         Bug::PointAfterPhaseCommit,
     );
 }
+
+/// A handler's nested transaction that commits the claim's transaction:
+/// the effect is kept while the key is free again, and a second instance
+/// (or the retry of a handler that then failed) runs it once more. As a
+/// savepoint of the claim's transaction, it commits with the record.
+#[test]
+fn a_nested_commit_that_ends_the_claims_transaction_runs_the_effect_twice() {
+    caught(Mode::Transactional, Bug::HandlerEndsTransaction);
+}
