@@ -29,7 +29,8 @@ pub(crate) enum Handled {
     InFlight,
     /// The key reused with another request.
     Mismatch,
-    /// A duplicate of a response too large to store.
+    /// A duplicate of a request whose response was not kept (too large to
+    /// store, or its handler ended the claim's transaction).
     NotReplayable,
     /// A key part was absent.
     MissingKey,

@@ -50,7 +50,9 @@ pub enum Problem {
         /// When to retry.
         retry_after: Duration,
     },
-    /// 409: the first request completed but its response was too large to keep.
+    /// 409: the first request with this key ran, and its response was not
+    /// kept: too large to store, or its handler ended the claim's
+    /// transaction ([`Problem::TransactionEnded`]). It will not run again.
     NotReplayable,
     /// 500: a handler takes the claim's transaction (`Tx`) on a route that
     /// is not transactional (a wiring mistake: see
@@ -193,8 +195,9 @@ impl Problem {
                     .into()
             }
             Self::NotReplayable => {
-                "the request with this key completed, but its response was too large \
-                 to store; it will not run again"
+                "the request with this key ran, but its response was not kept (too \
+                 large to store, or its outcome unknown after its handler ended its \
+                 database transaction); it will not run again"
                     .into()
             }
             Self::StoreUnavailable { .. } => {

@@ -49,7 +49,9 @@ impl fmt::Debug for OwnerToken {
 pub enum Outcome {
     /// The response, replayed to every duplicate.
     Response(StoredResponse),
-    /// The request completed, but its response was too large to keep:
+    /// The request ran, but its response was not kept (too large to
+    /// store; or, in transactional mode, its handler ended the claim's
+    /// transaction, so what it committed is unknown):
     /// duplicates get a 409 rather than a second execution.
     NotReplayable,
 }

@@ -33,7 +33,7 @@ pub(super) enum Answer {
     /// kept from running again (the store logged which).
     TransactionEnded,
     /// Another request already claimed the key: its stored response, 409
-    /// while it runs (or if its response was too large to store), 422 if
+    /// while it runs (or if its response was not kept), 422 if
     /// it was another request.
     Duplicate(Duplicate),
 }
