@@ -170,12 +170,7 @@ impl IdemModel {
                     // record is inserted on its own, where no live row is.
                     if stores::commit(&mut state.keys[k].sql, now, fingerprint, response) {
                         state.ghost.committed |= bit(token);
-                        match self.after_commit(response) {
-                            Then::Answer(reply) => {
-                                Step::AnswerThen(reply, GateWrite::Complete(response))
-                            }
-                            then => Step::GateWrite(GateWrite::Complete(response), then),
-                        }
+                        self.after_transaction_commit(response)
                     } else {
                         Step::Answer(Reply::Failed)
                     }
@@ -187,14 +182,7 @@ impl IdemModel {
                     if stores::commit(&mut key.sql, now, fingerprint, response) {
                         state.ghost.effects[k] += 1;
                         state.ghost.committed |= bit(token);
-                        match self.after_commit(response) {
-                            // Answered once committed; the gate completed
-                            // after, on a task.
-                            Then::Answer(reply) => {
-                                Step::AnswerThen(reply, GateWrite::Complete(response))
-                            }
-                            then => Step::GateWrite(GateWrite::Complete(response), then),
-                        }
+                        self.after_transaction_commit(response)
                     } else {
                         // Nothing committed, the effect included: 503.
                         Step::Answer(Reply::Failed)
@@ -232,6 +220,15 @@ impl IdemModel {
             step: next,
             ..attempt
         });
+    }
+
+    /// The step after a transaction committed `response`: answered once
+    /// committed, the gate completed after, on a task.
+    fn after_transaction_commit(&self, response: Response) -> Step {
+        match self.after_commit(response) {
+            Then::Answer(reply) => Step::AnswerThen(reply, GateWrite::Complete(response)),
+            then => Step::GateWrite(GateWrite::Complete(response), then),
+        }
     }
 
     /// The handler's own effect on key `k`: written at once in plain mode;

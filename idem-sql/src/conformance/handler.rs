@@ -6,8 +6,10 @@
 
 use std::sync::Arc;
 
-use super::{TestSql, another_process, claim_in_transaction, effects, fp, fresh_case, response};
-use crate::{SqlStore, TxSlot};
+use super::{
+    TestSql, another_process, claim_in_transaction, claim_lent, effects, fp, fresh_case, response,
+};
+use crate::SqlStore;
 use idem_core::conformance::{LONG, duplicate};
 use idem_core::{Claim, Duplicate, ErrorKind, IdempotencyKey, OpenTransaction, Outcome, TxClaim};
 
@@ -35,15 +37,7 @@ async fn run_handler<DB: TestSql>(
     nonce: &str,
     handler: Handler,
 ) -> Box<dyn OpenTransaction> {
-    let claim = claim_in_transaction(store, key).await;
-    let TxClaim::Open(tx) = claim else {
-        panic!("expected to acquire, got {claim:?}");
-    };
-    let handle = tx.handle();
-    let slot = handle
-        .get::<TxSlot<DB>>()
-        .expect("a transaction on this database");
-    let mut guard = slot.lock().await;
+    let (tx, mut guard) = claim_lent(store, key).await;
     let conn: &mut DB::Connection = guard.as_mut().expect("an open transaction");
     let write = format!("INSERT INTO {} (k) VALUES ('{nonce}')", super::EFFECTS);
     match handler {

@@ -32,7 +32,7 @@ pub use transactions::{
     rollback_undoes_writes_and_claim,
 };
 
-use crate::{Dialect, SqlStore, TxSlot};
+use crate::{Dialect, SqlStore, TxGuard, TxSlot};
 use idem_core::conformance::LONG;
 use idem_core::{Fingerprint, IdempotencyKey, Outcome, OwnerToken, StoredResponse};
 use idem_core::{OpenTransaction, TransactionalStore, TxClaim};
@@ -148,6 +148,26 @@ async fn claim_in_transaction<DB: Dialect>(store: &SqlStore<DB>, key: &Idempoten
         .unwrap()
 }
 
+/// Claims `key` in a transaction, as a request would, and lends its
+/// transaction as `Tx` does: the open claim, and its transaction, locked
+/// until the guard is dropped.
+async fn claim_lent<DB: Dialect>(
+    store: &SqlStore<DB>,
+    key: &IdempotencyKey,
+) -> (Box<dyn OpenTransaction>, TxGuard<DB>) {
+    let claim = claim_in_transaction(store, key).await;
+    let TxClaim::Open(tx) = claim else {
+        panic!("expected to acquire, got {claim:?}");
+    };
+    let guard = tx
+        .handle()
+        .get::<TxSlot<DB>>()
+        .expect("a transaction on this database")
+        .lock()
+        .await;
+    (tx, guard)
+}
+
 /// Claims in a transaction and writes one effect row in it, as a handler
 /// would through its transaction handle.
 async fn claim_and_write<DB: TestSql>(
@@ -155,15 +175,7 @@ async fn claim_and_write<DB: TestSql>(
     key: &IdempotencyKey,
     nonce: &str,
 ) -> Box<dyn OpenTransaction> {
-    let claim = claim_in_transaction(store, key).await;
-    let TxClaim::Open(tx) = claim else {
-        panic!("expected to acquire, got {claim:?}");
-    };
-    let handle = tx.handle();
-    let slot = handle
-        .get::<TxSlot<DB>>()
-        .expect("a transaction on this database");
-    let mut guard = slot.lock().await;
+    let (tx, mut guard) = claim_lent(store, key).await;
     let conn: &mut DB::Connection = guard.as_mut().expect("an open transaction");
     DB::exec_on(
         conn,

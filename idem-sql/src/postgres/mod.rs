@@ -346,13 +346,7 @@ impl Dialect for Postgres {
     ) -> Result<Settled, sqlx::Error> {
         let script = script::commit(
             &q.table,
-            &script::Completed {
-                key_hash: args.key_hash,
-                key: args.key,
-                fingerprint: args.fingerprint.as_bytes(),
-                outcome,
-                ttl_ms,
-            },
+            &completed(&args, outcome, ttl_ms),
             args.owner.as_bytes(),
         );
         match sqlx::raw_sql(AssertSqlSafe(script)).execute(&mut *tx).await {
@@ -410,16 +404,7 @@ impl Dialect for Postgres {
         outcome: &[u8],
         ttl_ms: i64,
     ) -> Result<bool, sqlx::Error> {
-        let script = script::tombstone(
-            &q.table,
-            &script::Completed {
-                key_hash: args.key_hash,
-                key: args.key,
-                fingerprint: args.fingerprint.as_bytes(),
-                outcome,
-                ttl_ms,
-            },
-        );
+        let script = script::tombstone(&q.table, &completed(&args, outcome, ttl_ms));
         sqlx::raw_sql(AssertSqlSafe(script)).execute(conn).await?;
         Ok(true)
     }
@@ -529,6 +514,18 @@ fn decode_error(index: usize, what: &str) -> sqlx::Error {
     sqlx::Error::ColumnDecode {
         index: index.to_string(),
         source: what.into(),
+    }
+}
+
+/// The completed record of a transactional claim's `args`, with `outcome`
+/// kept for `ttl_ms`.
+fn completed<'a>(args: &ClaimArgs<'a>, outcome: &'a [u8], ttl_ms: i64) -> script::Completed<'a> {
+    script::Completed {
+        key_hash: args.key_hash,
+        key: args.key,
+        fingerprint: args.fingerprint.as_bytes(),
+        outcome,
+        ttl_ms,
     }
 }
 
