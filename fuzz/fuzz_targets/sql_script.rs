@@ -54,6 +54,7 @@ fn shape(script: &str) -> String {
             "now",
             "1 millisecond",
             "idem.claim",
+            "idle_in_transaction_session_timeout",
             "nothing",
             &marked,
         ];
@@ -108,7 +109,7 @@ fn scripts(key: &str, outcome: &[u8], data: &[u8]) -> [String; 6] {
     [
         pg::claim(TABLE, number, &hash, timeout_ms),
         pg::prepare_and_claim(TABLE, number, &hash, timeout_ms),
-        pg::lend(&owner),
+        pg::lend(&owner, timeout_ms),
         pg::commit(TABLE, &record, &owner),
         pg::rollback(&owner),
         pg::tombstone(TABLE, &record),

@@ -389,7 +389,7 @@ impl Dialect for MySql {
         owned(conn, q, &args, record_row(row)?).await
     }
 
-    fn lend_statement(_: &OwnerToken) -> Option<String> {
+    fn lend_statement(_: &OwnerToken, _: Duration) -> Option<String> {
         Some(script::lend())
     }
 

@@ -208,7 +208,11 @@ impl Dialect for Sqlite {
         ))
     }
 
-    async fn tx_lend(tx: &mut ClaimTx<Self>, _: &OwnerToken) -> Result<(), sqlx::Error> {
+    async fn tx_lend(
+        tx: &mut ClaimTx<Self>,
+        _: &OwnerToken,
+        _: Duration,
+    ) -> Result<(), sqlx::Error> {
         let lent = Lent::hook(tx).await?;
         tx.watch(lent);
         Ok(())

@@ -90,7 +90,9 @@ impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
             // Counted open by sqlx from here on, so that the handler's
             // nested `begin()` is a savepoint (`claim_tx.rs`); a failure
             // drops the transaction, which rolls it back.
-            DB::tx_lend(&mut tx, &owner).await.map_err(unavailable)?;
+            DB::tx_lend(&mut tx, &owner, lease)
+                .await
+                .map_err(unavailable)?;
             held.checked(Check::Open);
             Ok(TxClaim::Open(Box::new(SqlOpenTransaction {
                 slot: TxSlot::new(tx),

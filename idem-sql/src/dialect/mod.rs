@@ -290,11 +290,13 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
     /// the handler with ([`ClaimTx::lend`]: sqlx then counts it open, so a
     /// nested `begin()` is a savepoint), which marks the transaction as
     /// the claim's, so that [`Dialect::tx_commit`] and
-    /// [`Dialect::tx_rollback`] can tell whether it still is. `None` where
-    /// sqlx began the transaction (SQLite): there is nothing to lend.
+    /// [`Dialect::tx_rollback`] can tell whether it still is, and bounds
+    /// how long it may sit idle where the database can (PostgreSQL: the
+    /// claim's `lease`). `None` where sqlx began the transaction (SQLite):
+    /// there is nothing to lend.
     #[doc(hidden)]
-    fn lend_statement(owner: &OwnerToken) -> Option<String> {
-        let _ = owner;
+    fn lend_statement(owner: &OwnerToken, lease: Duration) -> Option<String> {
+        let _ = (owner, lease);
         None
     }
 
@@ -304,8 +306,9 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
     fn tx_lend(
         tx: &mut ClaimTx<Self>,
         owner: &OwnerToken,
+        lease: Duration,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
-        let statement = Self::lend_statement(owner);
+        let statement = Self::lend_statement(owner, lease);
         async move {
             if let Some(statement) = statement {
                 tx.lend(statement).await?;

@@ -333,8 +333,8 @@ impl Dialect for Postgres {
         Ok(ClaimStep::under_lock(record))
     }
 
-    fn lend_statement(owner: &OwnerToken) -> Option<String> {
-        Some(script::lend(owner.as_bytes()))
+    fn lend_statement(owner: &OwnerToken, lease: Duration) -> Option<String> {
+        Some(script::lend(owner.as_bytes(), idle_bound_ms(lease)))
     }
 
     async fn tx_commit(
@@ -515,6 +515,16 @@ fn decode_error(index: usize, what: &str) -> sqlx::Error {
         index: index.to_string(),
         source: what.into(),
     }
+}
+
+/// How long a lent transaction may sit idle (between statements) before
+/// PostgreSQL ends it with its session: the claim's `lease`, in whole
+/// milliseconds, at least 1 (0 would be no bound) and at most what
+/// `idle_in_transaction_session_timeout` takes (`i32::MAX`).
+fn idle_bound_ms(lease: Duration) -> u128 {
+    lease
+        .as_millis()
+        .clamp(1, u128::from(i32::MAX.unsigned_abs()))
 }
 
 /// The completed record of a transactional claim's `args`, with `outcome`

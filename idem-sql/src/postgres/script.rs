@@ -195,12 +195,20 @@ pub(crate) const ENDED: &str = "idem: the transaction of the claim ended before 
 
 /// The statement a won claim's transaction is lent to the handler with
 /// (`claim_tx.rs`): marks it as the claim of `owner`, whose token it
-/// holds in hexadecimal digits.
-pub(crate) fn lend(owner: &[u8]) -> String {
-    let mut out = String::with_capacity(2 * owner.len() + 48);
+/// holds in hexadecimal digits, and bounds how long it may sit idle,
+/// `idle_ms`: a transaction idle longer (its process paused, its
+/// connection frozen) is ended by PostgreSQL with its session, and its key
+/// is free. Both settings are the transaction's own (`set_config(...,
+/// true)`), gone with it.
+pub(crate) fn lend(owner: &[u8], idle_ms: u128) -> String {
+    let mut out = String::with_capacity(2 * owner.len() + 128);
     write!(out, "SELECT set_config('{MARK}', '").expect("a String takes any text");
     crate::hex_digits::push(&mut out, owner);
-    out.push_str("', true)");
+    write!(
+        out,
+        "', true), set_config('idle_in_transaction_session_timeout', '{idle_ms}', true)"
+    )
+    .expect("a String takes any text");
     out
 }
 

@@ -516,3 +516,112 @@ async fn claims_shorter_than_their_round_trip_acquire() {
     .await
     .unwrap();
 }
+
+/// A transactional claim whose handler sits idle past its lease (its
+/// process paused, its connection frozen) does not hold its key for as
+/// long as it is paused: PostgreSQL ends its transaction with its session
+/// once it has sat idle a lease, another process's claim gets the key,
+/// and the paused one's late commit writes nothing, its own write
+/// included. A handler idle less than its lease commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_idle_past_its_lease_frees_its_key() {
+    let Some(store) = postgres().await else {
+        return;
+    };
+    let pool = store.pool().clone();
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS idem_test_pg_idle (k TEXT NOT NULL, who TEXT NOT NULL)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let lease = Duration::from_millis(1500);
+    let fp = Fingerprint::from_bytes([6; 32]);
+    let write = |key: String, who: &'static str| {
+        format!("INSERT INTO idem_test_pg_idle (k, who) VALUES ('{key}', '{who}')")
+    };
+    let claim = |store: PgStore, key: IdempotencyKey| async move {
+        store
+            .claim_in_transaction(&key, &fp, lease, OwnerToken::generate())
+            .await
+            .unwrap()
+    };
+    let rows = |key: String| {
+        let pool = pool.clone();
+        async move {
+            let who: Vec<String> =
+                sqlx::query_scalar("SELECT who FROM idem_test_pg_idle WHERE k = $1 ORDER BY who")
+                    .bind(key)
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap();
+            who
+        }
+    };
+
+    // Idle for less than its lease: kept.
+    let nonce = format!("idle-{:016x}", rand_u64());
+    let key = IdempotencyKey::new("idem-test:", &format!("short-{nonce}"));
+    let TxClaim::Open(tx) = claim(store.clone(), key.clone()).await else {
+        panic!("a fresh key is claimed");
+    };
+    write_in(&*tx, write(format!("short-{nonce}"), "first")).await;
+    tokio::time::sleep(lease / 2).await;
+    tx.commit(&outcome("kept"), Duration::from_secs(60))
+        .await
+        .expect("a handler idle less than its lease commits");
+    assert_eq!(rows(format!("short-{nonce}")).await, ["first"]);
+
+    // Paused past it: another process takes the key within about a lease.
+    let key = IdempotencyKey::new("idem-test:", &format!("long-{nonce}"));
+    let TxClaim::Open(paused) = claim(store.clone(), key.clone()).await else {
+        panic!("a fresh key is claimed");
+    };
+    write_in(&*paused, write(format!("long-{nonce}"), "first")).await;
+    let elsewhere = PgStore::builder(pool.clone())
+        .table(store.table())
+        .build()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let taken = loop {
+        match claim(elsewhere.clone(), key.clone()).await {
+            TxClaim::Open(taken) => break taken,
+            TxClaim::Duplicate(Duplicate::InFlight { .. }) => {
+                assert!(
+                    started.elapsed() < lease * 4,
+                    "the paused claim still holds its key after {:?}",
+                    started.elapsed()
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => panic!("{other:?}"),
+        }
+    };
+    let waited = started.elapsed();
+    eprintln!("the key was free {waited:?} after the paused claim's last statement");
+    assert!(
+        waited >= lease / 2,
+        "taken over after {waited:?}, before the lease ran idle"
+    );
+    write_in(&*taken, write(format!("long-{nonce}"), "second")).await;
+    taken
+        .commit(&outcome("second"), Duration::from_secs(60))
+        .await
+        .expect("the second commits");
+    let late = paused
+        .commit(&outcome("late"), Duration::from_secs(60))
+        .await;
+    assert!(late.is_err(), "the paused claim's late commit: {late:?}");
+    assert_eq!(rows(format!("long-{nonce}")).await, ["second"]);
+}
+
+/// Runs `sql` in the transaction `tx` lends, as a handler would.
+async fn write_in(tx: &dyn OpenTransaction, sql: String) {
+    let handle = tx.handle();
+    let mut guard = handle.get::<TxSlot<Postgres>>().unwrap().lock().await;
+    let conn = &mut **guard.as_mut().unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(conn)
+        .await
+        .unwrap();
+}
