@@ -389,8 +389,10 @@ impl Dialect for MySql {
         owned(conn, q, &args, record_row(row)?).await
     }
 
-    fn lend_statement(_: &OwnerToken, _: Duration) -> Option<String> {
-        Some(script::lend())
+    fn lend_statement(_: &OwnerToken, lease: Duration) -> Option<String> {
+        // Whole seconds, rounded up; at least 1 (0 is no bound).
+        let idle_secs = (lease.as_secs() + u64::from(lease.subsec_nanos() > 0)).max(1);
+        Some(script::lend(idle_secs))
     }
 
     async fn tx_commit(

@@ -246,7 +246,8 @@ const MARK: &str = "idem_claim";
 pub(crate) const NO_SAVEPOINT: u32 = 1305;
 
 /// The statement a won claim's transaction is lent to the handler with
-/// (`claim_tx.rs`): the session out of autocommit, and [`MARK`] set.
+/// (`claim_tx.rs`): the session out of autocommit, on MariaDB its idle
+/// transactions bounded by `idle_secs`, and [`MARK`] set.
 ///
 /// Out of autocommit, a statement after the transaction ended (the
 /// handler's own COMMIT or ROLLBACK, or the database's rollback of a
@@ -256,8 +257,17 @@ pub(crate) const NO_SAVEPOINT: u32 = 1305;
 /// writes after its transaction ended is ever kept. [`AUTOCOMMIT`] sets
 /// the session back on every end of the transaction (`mysql.rs`,
 /// `end_transaction`).
-pub(crate) fn lend() -> String {
-    format!("SET autocommit = 0; SAVEPOINT {MARK}")
+///
+/// On MariaDB (10.3 and later) the transaction may sit idle no longer
+/// than `idle_secs`: past it (its process paused, its connection frozen)
+/// MariaDB ends the session, the transaction rolls back and the key is
+/// free. MySQL has no such bound: its `/*M!...*/` is a comment there,
+/// which MariaDB runs.
+pub(crate) fn lend(idle_secs: u64) -> String {
+    format!(
+        "SET autocommit = 0 /*M!100300 , idle_transaction_timeout = {idle_secs} */; \
+         SAVEPOINT {MARK}"
+    )
 }
 
 /// [`MARK`] set again, before a commit is sent again after its first run
@@ -267,10 +277,12 @@ pub(crate) fn remark() -> String {
     format!("SAVEPOINT {MARK}; ")
 }
 
-/// The session set back to autocommit after a lent transaction ended,
-/// last in every statement that ends it ([`lend`]). After the ROLLBACK or
-/// COMMIT: setting autocommit commits a transaction still open.
-pub(crate) const AUTOCOMMIT: &str = "SET autocommit = 1";
+/// The session set back to autocommit, and MariaDB's bound on idle
+/// transactions to the server's, after a lent transaction ended, last in
+/// every statement that ends it ([`lend`]). After the ROLLBACK or COMMIT:
+/// setting autocommit commits a transaction still open.
+pub(crate) const AUTOCOMMIT: &str =
+    "SET autocommit = 1 /*M!100300 , idle_transaction_timeout = DEFAULT */";
 
 /// The end of a claim's transaction whose handler's response was not
 /// kept: [`MARK`] released, which fails with [`NO_SAVEPOINT`] if the
