@@ -390,7 +390,9 @@ impl Dialect for MySql {
     }
 
     fn lend_statement(_: &OwnerToken, lease: Duration) -> Option<String> {
-        // Whole seconds, rounded up; at least 1 (0 is no bound).
+        // Whole seconds, rounded up; at least 1 (0 is no bound, and a
+        // lease shorter than a round trip must not end the transaction
+        // before the handler's first statement: `postgres/mod.rs`).
         let idle_secs = (lease.as_secs() + u64::from(lease.subsec_nanos() > 0)).max(1);
         Some(script::lend(idle_secs))
     }

@@ -519,13 +519,21 @@ fn decode_error(index: usize, what: &str) -> sqlx::Error {
 
 /// How long a lent transaction may sit idle (between statements) before
 /// PostgreSQL ends it with its session: the claim's `lease`, in whole
-/// milliseconds, at least 1 (0 would be no bound) and at most what
+/// milliseconds, at least [`MIN_IDLE_BOUND`] and at most what
 /// `idle_in_transaction_session_timeout` takes (`i32::MAX`).
 fn idle_bound_ms(lease: Duration) -> u128 {
-    lease
-        .as_millis()
-        .clamp(1, u128::from(i32::MAX.unsigned_abs()))
+    lease.as_millis().clamp(
+        MIN_IDLE_BOUND.as_millis(),
+        u128::from(i32::MAX.unsigned_abs()),
+    )
 }
+
+/// The least bound on a lent transaction's idle time, whatever the lease:
+/// a lease shorter than the store's own round trips (a nanosecond, zero:
+/// a plain claim takes them) would end the transaction between the
+/// lending and the handler's first statement. A second, MariaDB's
+/// granularity (`mysql.rs`).
+const MIN_IDLE_BOUND: Duration = Duration::from_secs(1);
 
 /// The completed record of a transactional claim's `args`, with `outcome`
 /// kept for `ttl_ms`.

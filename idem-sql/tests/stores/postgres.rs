@@ -572,6 +572,24 @@ async fn a_transaction_idle_past_its_lease_frees_its_key() {
         .expect("a handler idle less than its lease commits");
     assert_eq!(rows(format!("short-{nonce}")).await, ["first"]);
 
+    // A lease shorter than a round trip still leaves the handler a second
+    // between statements (without the floor, the transaction ended before
+    // the handler's first statement, under load).
+    let key = IdempotencyKey::new("idem-test:", &format!("tiny-{nonce}"));
+    let tiny = store
+        .claim_in_transaction(&key, &fp, Duration::from_nanos(1), OwnerToken::generate())
+        .await
+        .unwrap();
+    let TxClaim::Open(tiny) = tiny else {
+        panic!("a fresh key is claimed");
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    write_in(&*tiny, write(format!("tiny-{nonce}"), "first")).await;
+    tiny.commit(&outcome("tiny"), Duration::from_secs(60))
+        .await
+        .expect("a claim of a nanosecond's lease, idle 200 ms, commits");
+    assert_eq!(rows(format!("tiny-{nonce}")).await, ["first"]);
+
     // Paused past it: another process takes the key within about a lease.
     let key = IdempotencyKey::new("idem-test:", &format!("long-{nonce}"));
     let TxClaim::Open(paused) = claim(store.clone(), key.clone()).await else {
