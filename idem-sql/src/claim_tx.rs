@@ -34,10 +34,12 @@ use sqlx_core::transaction::TransactionManager;
 use crate::Dialect;
 
 /// Ends the transaction open on a connection: COMMIT if `commit`, else
-/// ROLLBACK ([`Dialect::OWN_BEGIN`]).
+/// ROLLBACK ([`Dialect::OWN_BEGIN`]); `lent` if [`ClaimTx::lend`] was
+/// sent on it (and may have changed the session: MySQL's autocommit).
 #[allow(unreachable_pub)] // sealed: named only inside the crate
 pub type EndTx<DB> = for<'c> fn(
     &'c mut <DB as sqlx::Database>::Connection,
+    bool,
     bool,
 ) -> BoxFuture<'c, Result<(), sqlx::Error>>;
 
@@ -54,6 +56,7 @@ type Manager<DB> = <DB as sqlx::Database>::TransactionManager;
 pub(crate) fn end_transaction<DB: Dialect>(
     conn: &mut DB::Connection,
     commit: bool,
+    _: bool,
 ) -> BoxFuture<'_, Result<(), sqlx::Error>>
 where
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
@@ -63,13 +66,15 @@ where
             let statement = if commit { "COMMIT" } else { "ROLLBACK" };
             return sqlx::raw_sql(statement).execute(conn).await.map(drop);
         }
-        if commit {
-            return Manager::<DB>::commit(conn).await;
-        }
         // A savepoint the handler began and never ended (a nested
-        // transaction it leaked) is rolled back with the rest.
+        // transaction it leaked) is released or rolled back first, level
+        // by level, as sqlx counts them.
         while Manager::<DB>::get_transaction_depth(conn) > 0 {
-            Manager::<DB>::rollback(conn).await?;
+            if commit {
+                Manager::<DB>::commit(conn).await?;
+            } else {
+                Manager::<DB>::rollback(conn).await?;
+            }
         }
         Ok(())
     })
@@ -113,6 +118,8 @@ struct Own<DB: Dialect> {
     /// pool).
     conn: Option<PoolConnection<DB>>,
     end: EndTx<DB>,
+    /// Whether [`ClaimTx::lend`] was sent (whether or not it answered).
+    lent: bool,
 }
 
 impl<DB: Dialect> ClaimTx<DB> {
@@ -125,6 +132,7 @@ impl<DB: Dialect> ClaimTx<DB> {
             kind: Kind::Own(Own {
                 conn: Some(conn),
                 end,
+                lent: false,
             }),
             #[cfg(feature = "sqlite")]
             lent: None,
@@ -154,6 +162,7 @@ impl<DB: Dialect> ClaimTx<DB> {
     /// round trip. A transaction sqlx began is counted already.
     pub(crate) async fn lend(&mut self, statement: String) -> Result<(), sqlx::Error> {
         if let Kind::Own(own) = &mut self.kind {
+            own.lent = true;
             let statement = AssertSqlSafe(statement).into_sql_str();
             Manager::<DB>::begin(own.conn_mut(), Some(statement)).await?;
         }
@@ -187,6 +196,39 @@ impl<DB: Dialect> ClaimTx<DB> {
                 uncount::<DB>(conn);
             }
             own.conn = None;
+        }
+    }
+}
+
+impl<DB: Dialect> ClaimTx<DB>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    /// Rolls back with `script`, which checks first that the transaction
+    /// is still the claim's and ends it (a dialect's `tx_rollback`):
+    /// whether the check found it ended. On any failure of the script the
+    /// transaction (whatever the handler left open after it ended the
+    /// claim's, or the claim's own, aborted by a statement of the
+    /// handler's) is rolled back; `ended` says which failures are the
+    /// check's.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    pub(crate) async fn rollback_checked(
+        mut self,
+        script: String,
+        ended: fn(&sqlx::Error) -> bool,
+    ) -> Result<bool, sqlx::Error> {
+        match sqlx::raw_sql(AssertSqlSafe(script))
+            .execute(&mut *self)
+            .await
+        {
+            Ok(_) => {
+                self.ended();
+                Ok(false)
+            }
+            Err(err) => {
+                self.rollback().await?;
+                Ok(ended(&err))
+            }
         }
     }
 }
@@ -230,7 +272,8 @@ impl<DB: Dialect> Own<DB> {
     /// answered, so that a caller dropped meanwhile, or a failed statement,
     /// leaves it to [`Drop`].
     async fn end(mut self, commit: bool) -> Result<(), sqlx::Error> {
-        (self.end)(self.conn_mut(), commit).await?;
+        let lent = self.lent;
+        (self.end)(self.conn_mut(), commit, lent).await?;
         self.conn = None;
         Ok(())
     }
@@ -241,13 +284,13 @@ impl<DB: Dialect> Drop for Own<DB> {
         let Some(mut conn) = self.conn.take() else {
             return;
         };
-        let end = self.end;
+        let (end, lent) = (self.end, self.lent);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             conn.close_on_drop();
             return;
         };
         runtime.spawn(async move {
-            if let Err(err) = end(&mut conn, false).await {
+            if let Err(err) = end(&mut conn, false, lent).await {
                 tracing::warn!(
                     error = %err,
                     "rolling back a dropped transactional claim failed; its connection is closed"

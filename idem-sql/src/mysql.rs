@@ -358,7 +358,7 @@ impl Dialect for MySql {
             Server::MySql => script::claim(q, &args, secs),
             Server::MariaDb => script::claim_mariadb(q, &args, secs),
         };
-        let rows = match run_prepared(conn, q, server, (script, ""), |sql, conn| {
+        let rows = match run_prepared(conn, q, server, script, "", |sql, conn| {
             Box::pin(sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(conn))
         })
         .await
@@ -416,7 +416,7 @@ impl Dialect for MySql {
             Server::MariaDb => script::commit_mariadb(q, &record),
         };
         let again = script::remark();
-        let committed = run_prepared(&mut tx, q, server, (script, &again), |sql, conn| {
+        let committed = run_prepared(&mut tx, q, server, script, &again, |sql, conn| {
             Box::pin(sqlx::raw_sql(AssertSqlSafe(sql)).execute(conn))
         })
         .await;
@@ -434,7 +434,7 @@ impl Dialect for MySql {
             }
             // The claim's savepoint is gone with the transaction it was
             // set in: nothing after its release ran.
-            Err(err) if error_number(&err) == Some(script::NO_SAVEPOINT) => {
+            Err(err) if no_savepoint(&err) => {
                 tx.rollback().await?;
                 Ok(Settled::Ended)
             }
@@ -442,29 +442,11 @@ impl Dialect for MySql {
         }
     }
 
-    async fn tx_rollback(
-        mut tx: ClaimTx<Self>,
-        _: &Queries,
-        _: ClaimArgs<'_>,
-        _: i64,
-    ) -> Result<Settled, sqlx::Error> {
-        let ended = sqlx::raw_sql(AssertSqlSafe(script::rollback()))
-            .execute(&mut *tx)
-            .await;
-        match ended {
-            Ok(_) => {
-                tx.ended();
-                Ok(Settled::Done)
-            }
-            Err(err) => {
-                tx.rollback().await?;
-                Ok(if error_number(&err) == Some(script::NO_SAVEPOINT) {
-                    Settled::Ended
-                } else {
-                    Settled::Done
-                })
-            }
-        }
+    async fn tx_rollback(tx: ClaimTx<Self>, _: ClaimArgs<'_>) -> Result<Settled, sqlx::Error> {
+        let ended = tx
+            .rollback_checked(script::rollback(), no_savepoint)
+            .await?;
+        Ok(Settled::ended_if(ended))
     }
 
     fn is_lock_timeout(err: &sqlx::Error) -> bool {
@@ -480,15 +462,20 @@ impl Dialect for MySql {
 /// process (this process's duplicates wait for one claim of the key,
 /// `open.rs`).
 /// Ends the claim's own transaction with COMMIT or ROLLBACK (the
-/// [`EndTx`] of `OWN_BEGIN`), and sets the session back to autocommit,
-/// which lending the transaction turned off (`script::lend`); sqlx's count
-/// of it set back as after a script of ours ended it.
+/// [`EndTx`] of `OWN_BEGIN`), and, if it was `lent`, sets the session
+/// back to autocommit, which lending turned off (`script::lend`), and
+/// sqlx's count of it back as after a script of ours ended it. A claim
+/// that was never lent (a duplicate's) ends with its ROLLBACK alone.
 fn end_transaction(
     conn: &mut MySqlConnection,
     commit: bool,
+    lent: bool,
 ) -> BoxFuture<'_, Result<(), sqlx::Error>> {
     Box::pin(async move {
         let end = if commit { "COMMIT" } else { "ROLLBACK" };
+        if !lent {
+            return sqlx::raw_sql(end).execute(&mut *conn).await.map(drop);
+        }
         let statement = format!("{end}; {}", script::AUTOCOMMIT);
         sqlx::raw_sql(AssertSqlSafe(statement))
             .execute(&mut *conn)
@@ -541,7 +528,8 @@ async fn run_prepared<T>(
     conn: &mut MySqlConnection,
     q: &Queries,
     server: Server,
-    (script, again): (String, &str),
+    script: String,
+    again: &str,
     run: impl for<'c> Fn(String, &'c mut MySqlConnection) -> BoxFuture<'c, Result<T, sqlx::Error>>,
 ) -> Result<T, sqlx::Error> {
     let prepare = match run(script.clone(), conn).await {
@@ -551,6 +539,12 @@ async fn run_prepared<T>(
         done => return done,
     };
     run(prepare, conn).await
+}
+
+/// Whether `err` is the release of the claim's savepoint failing: the
+/// transaction it was set in has ended (`script::lend`).
+fn no_savepoint(err: &sqlx::Error) -> bool {
+    error_number(err) == Some(script::NO_SAVEPOINT)
 }
 
 /// MySQL's error number of `err`, if it is a database error.

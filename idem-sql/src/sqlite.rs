@@ -227,7 +227,7 @@ impl Dialect for Sqlite {
     ) -> Result<Settled, sqlx::Error> {
         if tx.settle_lent() {
             end_ended(tx).await?;
-            return Ok(Settled::Fenced);
+            return Ok(Settled::Ended);
         }
         let commit = script::commit(&q.table, Self::NOW);
         match completion(commit, &args, outcome, ttl_ms)
@@ -254,7 +254,7 @@ impl Dialect for Sqlite {
     ) -> Result<(Settled, Option<Started<Self>>), sqlx::Error> {
         if tx.settle_lent() {
             end_ended(tx).await?;
-            return Ok((Settled::Fenced, None));
+            return Ok((Settled::Ended, None));
         }
         let commit = script::commit_and_claim(&q.table, Self::NOW, &Self::ms_until("expires_at"));
         let query = completion(commit, &args, outcome, ttl_ms).bind(&next_hash[..]);
@@ -284,18 +284,26 @@ impl Dialect for Sqlite {
         Ok((Settled::Done, None))
     }
 
-    async fn tx_rollback(
-        tx: ClaimTx<Self>,
-        _: &Queries,
-        _: ClaimArgs<'_>,
-        _: i64,
-    ) -> Result<Settled, sqlx::Error> {
-        if tx.settle_lent() {
+    async fn tx_rollback(tx: ClaimTx<Self>, _: ClaimArgs<'_>) -> Result<Settled, sqlx::Error> {
+        let ended = tx.settle_lent();
+        if ended {
             end_ended(tx).await?;
         } else {
             tx.rollback().await?;
         }
-        Ok(Settled::Done)
+        Ok(Settled::ended_if(ended))
+    }
+
+    async fn tx_keep_ended(
+        _: &sqlx::Pool<Self>,
+        _: &Queries,
+        _: ClaimArgs<'_>,
+        _: &[u8],
+        _: i64,
+    ) -> Result<bool, sqlx::Error> {
+        // The commit hook refused every commit while it was lent
+        // (`sqlite/lent.rs`): nothing of it committed.
+        Ok(false)
     }
 
     fn is_lock_timeout(err: &sqlx::Error) -> bool {
@@ -374,11 +382,6 @@ async fn run<'q>(
 /// handler began after, if it did), so that the connection goes back to
 /// the pool with none open and none counted.
 async fn end_ended(mut tx: ClaimTx<Sqlite>) -> Result<(), sqlx::Error> {
-    metrics::counter!(crate::transactional::ENDED).increment(1);
-    tracing::warn!(
-        "the handler ended the idempotency transaction (a COMMIT or ROLLBACK sent on \
-         the connection it was lent): nothing of it was kept, and its key is free"
-    );
     // Fails if the handler left a transaction open; ROLLBACK ends either.
     let _ = reopen(&mut tx).await;
     tx.rollback().await

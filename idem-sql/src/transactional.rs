@@ -16,10 +16,9 @@ use super::relay::{Baton, RELAYED, Waited};
 use super::{
     ClaimArgs, ClaimStep, ClaimTx, Dialect, SqlStore, Turn, TxSlot, key_hash, settle, unavailable,
 };
-use idem_core::OwnerToken;
-use idem_core::expiry_millis;
 use idem_core::{BoxFuture, OpenTransaction, TransactionalStore, TxClaim, TxHandle};
 use idem_core::{Claim, Duplicate, Error, ErrorKind, Fingerprint, IdempotencyKey, Outcome};
+use idem_core::{OwnerToken, expiry_millis};
 
 impl<DB: Dialect> TransactionalStore for SqlStore<DB> {
     fn claim_in_transaction<'a>(
@@ -378,12 +377,16 @@ impl<DB: Dialect> OpenTransaction for SqlOpenTransaction<DB> {
     fn rollback(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {
         Box::pin(async move {
             let tx = self.slot.take().await?;
-            let settled = DB::tx_rollback(tx, &self.store.inner.queries, self.args(), 0)
+            let settled = DB::tx_rollback(tx, self.args())
                 .await
                 .map_err(unavailable)?;
             match settled {
                 Settled::Done | Settled::Fenced => Ok(()),
-                Settled::Ended => Err(self.keep_ended(expiry_millis(ENDED_TTL)).await),
+                // Nothing kept is what a rollback is for.
+                Settled::Ended => self
+                    .keep_ended(expiry_millis(ENDED_TTL))
+                    .await
+                    .map_or(Ok(()), Err),
             }
         })
     }
@@ -457,35 +460,36 @@ impl<DB: Dialect> SqlOpenTransaction<DB> {
         match settled {
             Settled::Done => Ok(()),
             Settled::Fenced => Err(Error::lease_lost()),
-            Settled::Ended => Err(self.keep_ended(ttl_ms).await),
+            // Nothing kept: nothing committed, as over a live row.
+            Settled::Ended => Err(self
+                .keep_ended(ttl_ms)
+                .await
+                .unwrap_or_else(Error::lease_lost)),
         }
     }
 
     /// After the claim's transaction was found ended ([`Settled::Ended`]):
-    /// the error to answer with, once the key is kept from running again
+    /// counted ([`ENDED`]) and logged, and the key kept from running again
     /// for `ttl_ms` where something of the transaction may have committed
-    /// ([`Dialect::tx_keep_ended`]). Counted ([`ENDED`]) and logged.
-    async fn keep_ended(&self, ttl_ms: i64) -> Error {
+    /// ([`Dialect::tx_keep_ended`]): then the error to fail the request
+    /// with; `None` if nothing of it committed and the key is free.
+    async fn keep_ended(&self, ttl_ms: i64) -> Option<Error> {
         let inner = &self.store.inner;
         metrics::counter!(ENDED).increment(1);
         let outcome = Outcome::NotReplayable.encode();
-        let kept = match inner.pool.acquire().await {
-            Ok(mut conn) => {
-                DB::tx_keep_ended(&mut conn, &inner.queries, self.args(), &outcome, ttl_ms).await
-            }
-            Err(err) => Err(err),
-        };
+        let kept =
+            DB::tx_keep_ended(&inner.pool, &inner.queries, self.args(), &outcome, ttl_ms).await;
         match kept {
-            // The claim's row went with the transaction: the database
-            // rolled it back under the handler (a deadlock, a Galera
-            // abort), or the handler did. Nothing of it committed, nor
-            // after it (`mysql/script.rs`, `lend`): the key is free.
+            // The database rolled the transaction back under the handler
+            // (a deadlock, a Galera abort), the handler did, or SQLite
+            // refused its commit: nothing of it committed, nor after it
+            // (`mysql/script.rs`, `lend`; `sqlite/lent.rs`).
             Ok(false) => {
                 tracing::warn!(
-                    "the idempotency transaction had ended before idem settled it (rolled \
-                     back under the handler); nothing of it was kept, and its key is free"
+                    "the idempotency transaction had ended before idem settled it; \
+                     nothing of it was kept, and its key is free"
                 );
-                Error::lease_lost()
+                None
             }
             Ok(true) => {
                 tracing::error!(
@@ -494,10 +498,10 @@ impl<DB: Dialect> SqlOpenTransaction<DB> {
                      its writes may have committed without the record; the key is kept \
                      from running again with a record that is not replayable"
                 );
-                Error::new(
+                Some(Error::new(
                     ErrorKind::TransactionEnded,
                     "the claim's transaction was ended by the handler",
-                )
+                ))
             }
             Err(err) => {
                 tracing::error!(
@@ -505,7 +509,7 @@ impl<DB: Dialect> SqlOpenTransaction<DB> {
                     "the handler ended the idempotency transaction, and the record that \
                      keeps its key from running again could not be written"
                 );
-                Error::new(ErrorKind::TransactionEnded, err)
+                Some(Error::new(ErrorKind::TransactionEnded, err))
             }
         }
     }

@@ -59,6 +59,11 @@ impl Settled {
     pub(crate) fn from_done(done: bool) -> Self {
         if done { Self::Done } else { Self::Fenced }
     }
+
+    /// [`Settled::Ended`] if `ended`, else [`Settled::Done`].
+    pub(crate) fn ended_if(ended: bool) -> Self {
+        if ended { Self::Ended } else { Self::Done }
+    }
 }
 
 /// A database idem keeps records in and runs its guards on: PostgreSQL
@@ -343,38 +348,48 @@ pub trait Dialect: sqlx::Database + Sized + sealed::Sealed {
 
     /// Rolls a transactional claim's transaction back, the handler's
     /// writes with it. [`Settled::Ended`] if the transaction was no longer
-    /// the claim's (the key is then kept for `ttl_ms` by a record that is
-    /// not replayable). By default the ROLLBACK alone.
+    /// the claim's ([`Dialect::tx_keep_ended`] follows). By default the
+    /// ROLLBACK alone.
     #[doc(hidden)]
     fn tx_rollback(
         tx: ClaimTx<Self>,
-        queries: &Queries,
         args: ClaimArgs<'_>,
-        ttl_ms: i64,
     ) -> impl Future<Output = Result<Settled, sqlx::Error>> + Send {
-        let _ = (queries, args, ttl_ms);
+        let _ = args;
         async move {
             tx.rollback().await?;
             Ok(Settled::Done)
         }
     }
 
-    /// After [`Settled::Ended`], on a connection with no transaction open:
-    /// keeps the key of the claim from running again, for `ttl_ms`, with
-    /// `outcome` (a record that is not replayable). `false` if the claim
-    /// had nothing committed to keep: the database rolled its transaction
-    /// back (its row is gone), and the key is free as after a rollback. By
-    /// default the claim's row completed, if still its own (the handler's
-    /// COMMIT committed it in flight).
+    /// After [`Settled::Ended`], the claim's transaction rolled back: keeps
+    /// the key of the claim from running again, for `ttl_ms`, with
+    /// `outcome` (a record that is not replayable), where something of the
+    /// transaction may have committed. `false` if nothing of it did: the
+    /// database rolled it back (the claim's row is gone), or, on SQLite,
+    /// refused every commit while it was lent; the key is then free as
+    /// after a rollback. By default the claim's row completed, if still its
+    /// own (the handler's COMMIT committed it in flight).
     #[doc(hidden)]
     fn tx_keep_ended(
-        conn: &mut Self::Connection,
+        pool: &sqlx::Pool<Self>,
         queries: &Queries,
         args: ClaimArgs<'_>,
         outcome: &[u8],
         ttl_ms: i64,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send {
-        Self::complete(conn, queries, args.key_hash, args.owner, outcome, ttl_ms)
+        async move {
+            let mut conn = pool.acquire().await?;
+            Self::complete(
+                &mut conn,
+                queries,
+                args.key_hash,
+                args.owner,
+                outcome,
+                ttl_ms,
+            )
+            .await
+        }
     }
 
     /// [`Dialect::tx_commit`], and in the same call to the database the

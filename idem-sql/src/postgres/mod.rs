@@ -371,41 +371,21 @@ impl Dialect for Postgres {
         }
     }
 
-    async fn tx_rollback(
-        mut tx: ClaimTx<Self>,
-        _: &Queries,
-        args: ClaimArgs<'_>,
-        _: i64,
-    ) -> Result<Settled, sqlx::Error> {
+    async fn tx_rollback(tx: ClaimTx<Self>, args: ClaimArgs<'_>) -> Result<Settled, sqlx::Error> {
         let script = script::rollback(args.owner.as_bytes());
-        match sqlx::raw_sql(AssertSqlSafe(script)).execute(&mut *tx).await {
-            Ok(_) => {
-                tx.ended();
-                Ok(Settled::Done)
-            }
-            Err(err) => {
-                tx.rollback().await?;
-                // Any other failure: the check's statement met a
-                // transaction aborted by a statement of the handler's, the
-                // claim's still, now rolled back.
-                Ok(if is_ended(&err) {
-                    Settled::Ended
-                } else {
-                    Settled::Done
-                })
-            }
-        }
+        let ended = tx.rollback_checked(script, is_ended).await?;
+        Ok(Settled::ended_if(ended))
     }
 
     async fn tx_keep_ended(
-        conn: &mut PgConnection,
+        pool: &sqlx::Pool<Self>,
         q: &Queries,
         args: ClaimArgs<'_>,
         outcome: &[u8],
         ttl_ms: i64,
     ) -> Result<bool, sqlx::Error> {
         let script = script::tombstone(&q.table, &completed(&args, outcome, ttl_ms));
-        sqlx::raw_sql(AssertSqlSafe(script)).execute(conn).await?;
+        sqlx::raw_sql(AssertSqlSafe(script)).execute(pool).await?;
         Ok(true)
     }
 

@@ -10,7 +10,7 @@ use idem_sql::sqlx::Pool;
 use idem_sql::sqlx::mysql::MySqlPoolOptions;
 use idem_sql::sqlx::postgres::PgPoolOptions;
 use idem_sql::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-use idem_sql::{MySqlStore, PgStore, SqlStore, SqliteStore};
+use idem_sql::{MySqlStore, PgStore, SqlStore, SqliteStore, TxSlot};
 use idem_test_support::{mysql_url, postgres_url, server_missing};
 
 /// Short enough for the lock-timeout case to run quickly.
@@ -231,4 +231,122 @@ where
             tx.rollback().await.expect("rollback");
         }
     }
+}
+
+/// A transactional claim whose handler sits idle past its lease (its
+/// process paused, its connection frozen) does not hold its key for as
+/// long as it is paused: the database ends its transaction with its
+/// session once it has sat idle a lease (at least a second), `elsewhere`
+/// (a store of another process on the same table) gets the key, and the
+/// paused claim's late commit writes nothing, its own write included. A
+/// handler idle less than its lease commits, and so does one idle 200 ms
+/// on a lease shorter than a round trip (the bound's floor). Databases
+/// that bound idle transactions only (PostgreSQL, MariaDB).
+pub(crate) async fn a_transaction_idle_past_its_lease_frees_its_key<DB: TestSql>(
+    store: SqlStore<DB>,
+    elsewhere: SqlStore<DB>,
+) {
+    const TABLE: &str = "idem_test_idle";
+    let pool = elsewhere.pool().clone();
+    DB::exec(
+        &pool,
+        format!(
+            "CREATE TABLE IF NOT EXISTS {TABLE} (k VARCHAR(64) NOT NULL, who VARCHAR(16) NOT NULL)"
+        ),
+    )
+    .await;
+    let lease = Duration::from_millis(1500);
+    let fp = Fingerprint::from_bytes([6; 32]);
+    let nonce = format!("{:016x}", rand_u64());
+    let claim = |store: &SqlStore<DB>, case: &str, lease: Duration| {
+        let (store, key) = (store.clone(), format!("{case}-{nonce}"));
+        async move {
+            let claimed = store
+                .claim_in_transaction(
+                    &IdempotencyKey::new("idem-test:", &key),
+                    &fp,
+                    lease,
+                    OwnerToken::generate(),
+                )
+                .await
+                .unwrap();
+            match claimed {
+                TxClaim::Open(tx) => Ok(tx),
+                other => Err(other),
+            }
+        }
+    };
+    let write = |tx: &dyn OpenTransaction, case: &str, who: &str| {
+        let handle = tx.handle();
+        let sql = format!("INSERT INTO {TABLE} (k, who) VALUES ('{case}-{nonce}', '{who}')");
+        async move {
+            let mut guard = handle.get::<TxSlot<DB>>().unwrap().lock().await;
+            DB::exec_on(guard.as_mut().unwrap(), sql).await;
+        }
+    };
+    let rows = |case: &str, who: &str| {
+        let sql =
+            format!("SELECT COUNT(*) FROM {TABLE} WHERE k = '{case}-{nonce}' AND who = '{who}'");
+        let pool = pool.clone();
+        async move { DB::count(&pool, sql).await }
+    };
+    let kept = Duration::from_secs(60);
+
+    // Idle for less than its lease: kept.
+    let tx = claim(&store, "short", lease).await.unwrap();
+    write(&*tx, "short", "first").await;
+    tokio::time::sleep(lease / 2).await;
+    tx.commit(&outcome("kept"), kept)
+        .await
+        .expect("a handler idle less than its lease commits");
+    assert_eq!(rows("short", "first").await, 1);
+
+    // A lease shorter than a round trip still leaves the handler a second.
+    let tx = claim(&store, "tiny", Duration::from_nanos(1))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    write(&*tx, "tiny", "first").await;
+    tx.commit(&outcome("tiny"), kept)
+        .await
+        .expect("a claim of a nanosecond's lease, idle 200 ms, commits");
+    assert_eq!(rows("tiny", "first").await, 1);
+
+    // Paused past it: another process takes the key within about a lease.
+    let paused = claim(&store, "long", lease).await.unwrap();
+    write(&*paused, "long", "first").await;
+    let started = std::time::Instant::now();
+    let taken = loop {
+        match claim(&elsewhere, "long", lease).await {
+            Ok(taken) => break taken,
+            Err(TxClaim::Duplicate(idem_core::Duplicate::InFlight { .. })) => {
+                assert!(
+                    started.elapsed() < lease * 4,
+                    "the paused claim still holds its key after {:?}",
+                    started.elapsed()
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(other) => panic!("{other:?}"),
+        }
+    };
+    let waited = started.elapsed();
+    eprintln!("the key was free {waited:?} after the paused claim's last statement");
+    assert!(
+        waited >= lease / 2,
+        "taken over after {waited:?}, before a lease idle"
+    );
+    write(&*taken, "long", "second").await;
+    taken
+        .commit(&outcome("second"), kept)
+        .await
+        .expect("the second commits");
+    let late = paused.commit(&outcome("late"), kept).await;
+    assert!(late.is_err(), "the paused claim's late commit: {late:?}");
+    assert_eq!(
+        rows("long", "first").await,
+        0,
+        "the paused claim's write kept"
+    );
+    assert_eq!(rows("long", "second").await, 1);
 }

@@ -342,136 +342,39 @@ async fn prepare_again(store: &MySqlStore, one: &idem_sql::sqlx::MySqlPool) {
 }
 
 /// On MariaDB a transactional claim whose handler sits idle past its
-/// lease (its process paused, its connection frozen) does not hold its
-/// key for as long as it is paused: MariaDB ends its session once the
-/// transaction has sat idle a lease (whole seconds), another process's
-/// claim gets the key, and the paused one's late commit writes nothing.
-/// A connection that commits goes back to the pool with the server's
-/// bound, not the claim's.
+/// lease (its process paused, its connection frozen) frees its key within
+/// about a lease (whole seconds), and its late commit writes nothing
+/// (`common::a_transaction_idle_past_its_lease_frees_its_key`); a
+/// connection that committed goes back to the pool with autocommit and
+/// the server's bound, not the claim's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transaction_idle_past_its_lease_frees_its_key() {
-    use idem_core::{IdempotencyKey, OpenTransaction};
-    use idem_sql::TxSlot;
-    use idem_sql::sqlx::{self, MySql};
+    use idem_sql::sqlx;
 
-    let Some(shared) = mysql().await else {
+    let Some(elsewhere) = mysql().await else {
         return;
     };
     let version: String = sqlx::query_scalar("SELECT VERSION()")
-        .fetch_one(shared.pool())
+        .fetch_one(elsewhere.pool())
         .await
         .unwrap();
     if !version.contains("MariaDB") {
         eprintln!("skipped: MySQL has no bound on idle transactions ({version})");
         return;
     }
-    // One connection: the one the committed claim used is the one read
-    // after it.
+    // One connection: the one the claims used is the one read after.
     let one = MySqlPoolOptions::new()
         .max_connections(1)
         .connect(&mysql_url())
         .await
         .unwrap();
     let store = MySqlStore::builder(one.clone()).build().unwrap();
-    let elsewhere = shared;
-    sqlx::query("CREATE TABLE IF NOT EXISTS idem_test_my_idle (k VARCHAR(64) NOT NULL, who VARCHAR(16) NOT NULL)")
-        .execute(elsewhere.pool())
-        .await
-        .unwrap();
-    let lease = Duration::from_millis(1500);
-    let fp = Fingerprint::from_bytes([6; 32]);
-    let claim = |store: MySqlStore, key: IdempotencyKey| async move {
-        store
-            .claim_in_transaction(&key, &fp, lease, OwnerToken::generate())
-            .await
-            .unwrap()
-    };
-    let write_in = |tx: &dyn OpenTransaction, key: String, who: &'static str| {
-        let handle = tx.handle();
-        async move {
-            let mut guard = handle.get::<TxSlot<MySql>>().unwrap().lock().await;
-            let conn = &mut **guard.as_mut().unwrap();
-            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                "INSERT INTO idem_test_my_idle (k, who) VALUES ('{key}', '{who}')"
-            )))
-            .execute(conn)
-            .await
-            .unwrap();
-        }
-    };
-    let rows = |key: String| {
-        let pool = elsewhere.pool().clone();
-        async move {
-            let who: Vec<String> =
-                sqlx::query_scalar("SELECT who FROM idem_test_my_idle WHERE k = ? ORDER BY who")
-                    .bind(key)
-                    .fetch_all(&pool)
-                    .await
-                    .unwrap();
-            who
-        }
-    };
-    let nonce = fresh_key("idle")
-        .as_str()
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .to_owned();
-
-    // Idle for less than its lease: kept, and the session's bound set back.
-    let short = format!("short-{nonce}");
-    let key = IdempotencyKey::new("idem-test:", &short);
-    let TxClaim::Open(tx) = claim(store.clone(), key).await else {
-        panic!("a fresh key is claimed");
-    };
-    write_in(&*tx, short.clone(), "first").await;
-    tokio::time::sleep(lease / 2).await;
-    tx.commit(&common::outcome("kept"), Duration::from_secs(60))
-        .await
-        .expect("a handler idle less than its lease commits");
-    assert_eq!(rows(short).await, ["first"]);
-    let (autocommit, bound): (i64, i64) = sqlx::query_as(
+    common::a_transaction_idle_past_its_lease_frees_its_key(store, elsewhere).await;
+    let session: (i64, i64) = sqlx::query_as(
         "SELECT CAST(@@autocommit AS SIGNED), CAST(@@idle_transaction_timeout AS SIGNED)",
     )
     .fetch_one(&one)
     .await
     .unwrap();
-    assert_eq!((autocommit, bound), (1, 0), "the pooled session set back");
-
-    // Paused past it: another process takes the key within about a lease.
-    let long = format!("long-{nonce}");
-    let key = IdempotencyKey::new("idem-test:", &long);
-    let TxClaim::Open(paused) = claim(store.clone(), key.clone()).await else {
-        panic!("a fresh key is claimed");
-    };
-    write_in(&*paused, long.clone(), "first").await;
-    let started = std::time::Instant::now();
-    let taken = loop {
-        match claim(elsewhere.clone(), key.clone()).await {
-            TxClaim::Open(taken) => break taken,
-            TxClaim::Duplicate(Duplicate::InFlight { .. }) => {
-                assert!(
-                    started.elapsed() < lease * 4,
-                    "the paused claim still holds its key after {:?}",
-                    started.elapsed()
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            other => panic!("{other:?}"),
-        }
-    };
-    eprintln!(
-        "the key was free {:?} after the paused claim's last statement",
-        started.elapsed()
-    );
-    write_in(&*taken, long.clone(), "second").await;
-    taken
-        .commit(&common::outcome("second"), Duration::from_secs(60))
-        .await
-        .expect("the second commits");
-    let late = paused
-        .commit(&common::outcome("late"), Duration::from_secs(60))
-        .await;
-    assert!(late.is_err(), "the paused claim's late commit: {late:?}");
-    assert_eq!(rows(long).await, ["second"]);
+    assert_eq!(session, (1, 0), "the pooled session set back");
 }

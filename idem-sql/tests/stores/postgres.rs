@@ -518,128 +518,19 @@ async fn claims_shorter_than_their_round_trip_acquire() {
 }
 
 /// A transactional claim whose handler sits idle past its lease (its
-/// process paused, its connection frozen) does not hold its key for as
-/// long as it is paused: PostgreSQL ends its transaction with its session
-/// once it has sat idle a lease, another process's claim gets the key,
-/// and the paused one's late commit writes nothing, its own write
-/// included. A handler idle less than its lease commits.
+/// process paused, its connection frozen) frees its key within about a
+/// lease, and its late commit writes nothing
+/// (`common::a_transaction_idle_past_its_lease_frees_its_key`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transaction_idle_past_its_lease_frees_its_key() {
     let Some(store) = postgres().await else {
         return;
     };
-    let pool = store.pool().clone();
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS idem_test_pg_idle (k TEXT NOT NULL, who TEXT NOT NULL)",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
-    let lease = Duration::from_millis(1500);
-    let fp = Fingerprint::from_bytes([6; 32]);
-    let write = |key: String, who: &'static str| {
-        format!("INSERT INTO idem_test_pg_idle (k, who) VALUES ('{key}', '{who}')")
-    };
-    let claim = |store: PgStore, key: IdempotencyKey| async move {
-        store
-            .claim_in_transaction(&key, &fp, lease, OwnerToken::generate())
-            .await
-            .unwrap()
-    };
-    let rows = |key: String| {
-        let pool = pool.clone();
-        async move {
-            let who: Vec<String> =
-                sqlx::query_scalar("SELECT who FROM idem_test_pg_idle WHERE k = $1 ORDER BY who")
-                    .bind(key)
-                    .fetch_all(&pool)
-                    .await
-                    .unwrap();
-            who
-        }
-    };
-
-    // Idle for less than its lease: kept.
-    let nonce = format!("idle-{:016x}", rand_u64());
-    let key = IdempotencyKey::new("idem-test:", &format!("short-{nonce}"));
-    let TxClaim::Open(tx) = claim(store.clone(), key.clone()).await else {
-        panic!("a fresh key is claimed");
-    };
-    write_in(&*tx, write(format!("short-{nonce}"), "first")).await;
-    tokio::time::sleep(lease / 2).await;
-    tx.commit(&outcome("kept"), Duration::from_secs(60))
-        .await
-        .expect("a handler idle less than its lease commits");
-    assert_eq!(rows(format!("short-{nonce}")).await, ["first"]);
-
-    // A lease shorter than a round trip still leaves the handler a second
-    // between statements (without the floor, the transaction ended before
-    // the handler's first statement, under load).
-    let key = IdempotencyKey::new("idem-test:", &format!("tiny-{nonce}"));
-    let tiny = store
-        .claim_in_transaction(&key, &fp, Duration::from_nanos(1), OwnerToken::generate())
-        .await
-        .unwrap();
-    let TxClaim::Open(tiny) = tiny else {
-        panic!("a fresh key is claimed");
-    };
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    write_in(&*tiny, write(format!("tiny-{nonce}"), "first")).await;
-    tiny.commit(&outcome("tiny"), Duration::from_secs(60))
-        .await
-        .expect("a claim of a nanosecond's lease, idle 200 ms, commits");
-    assert_eq!(rows(format!("tiny-{nonce}")).await, ["first"]);
-
-    // Paused past it: another process takes the key within about a lease.
-    let key = IdempotencyKey::new("idem-test:", &format!("long-{nonce}"));
-    let TxClaim::Open(paused) = claim(store.clone(), key.clone()).await else {
-        panic!("a fresh key is claimed");
-    };
-    write_in(&*paused, write(format!("long-{nonce}"), "first")).await;
-    let elsewhere = PgStore::builder(pool.clone())
+    // A store of its own: another process, which knows nothing of the
+    // first's open claims.
+    let elsewhere = PgStore::builder(store.pool().clone())
         .table(store.table())
         .build()
         .unwrap();
-    let started = std::time::Instant::now();
-    let taken = loop {
-        match claim(elsewhere.clone(), key.clone()).await {
-            TxClaim::Open(taken) => break taken,
-            TxClaim::Duplicate(Duplicate::InFlight { .. }) => {
-                assert!(
-                    started.elapsed() < lease * 4,
-                    "the paused claim still holds its key after {:?}",
-                    started.elapsed()
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            other => panic!("{other:?}"),
-        }
-    };
-    let waited = started.elapsed();
-    eprintln!("the key was free {waited:?} after the paused claim's last statement");
-    assert!(
-        waited >= lease / 2,
-        "taken over after {waited:?}, before the lease ran idle"
-    );
-    write_in(&*taken, write(format!("long-{nonce}"), "second")).await;
-    taken
-        .commit(&outcome("second"), Duration::from_secs(60))
-        .await
-        .expect("the second commits");
-    let late = paused
-        .commit(&outcome("late"), Duration::from_secs(60))
-        .await;
-    assert!(late.is_err(), "the paused claim's late commit: {late:?}");
-    assert_eq!(rows(format!("long-{nonce}")).await, ["second"]);
-}
-
-/// Runs `sql` in the transaction `tx` lends, as a handler would.
-async fn write_in(tx: &dyn OpenTransaction, sql: String) {
-    let handle = tx.handle();
-    let mut guard = handle.get::<TxSlot<Postgres>>().unwrap().lock().await;
-    let conn = &mut **guard.as_mut().unwrap();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-        .execute(conn)
-        .await
-        .unwrap();
+    common::a_transaction_idle_past_its_lease_frees_its_key(store, elsewhere).await;
 }

@@ -133,9 +133,18 @@ impl Instance {
         }
     }
 
-    /// Sends the order of `key` with `headers`: its status and whether it
-    /// was a replay.
-    async fn send(&self, key: &str, headers: &[(&str, &str)]) -> (u16, bool) {
+    /// Sends the order of `key` with `headers`: its status and its problem
+    /// type (empty if none).
+    async fn send_for_type(&self, key: &str, headers: &[(&str, &str)]) -> (u16, String) {
+        let response = self.request(key, headers).send().await.expect("an answer");
+        let status = response.status().as_u16();
+        let body: serde_json::Value = response.json().await.unwrap_or_default();
+        let problem = body["type"].as_str().unwrap_or_default().to_owned();
+        (status, problem)
+    }
+
+    /// The order of `key` with `headers`.
+    fn request(&self, key: &str, headers: &[(&str, &str)]) -> reqwest::RequestBuilder {
         let mut request = self
             .client
             .post(format!("{}/orders", self.base))
@@ -144,7 +153,17 @@ impl Instance {
         for (name, value) in headers {
             request = request.header(*name, *value);
         }
-        let response = request.send().await.expect("an answer over loopback");
+        request
+    }
+
+    /// Sends the order of `key` with `headers`: its status and whether it
+    /// was a replay.
+    async fn send(&self, key: &str, headers: &[(&str, &str)]) -> (u16, bool) {
+        let response = self
+            .request(key, headers)
+            .send()
+            .await
+            .expect("an answer over loopback");
         let replayed = response.headers().contains_key("idempotent-replayed");
         (response.status().as_u16(), replayed)
     }
@@ -247,15 +266,19 @@ where
     // effect is never made by two runs.
     let key = format!("{nonce}-raw");
     let raw = [("x-mode", "raw-commit")];
-    let (first, _) = a.send(&key, &raw).await;
-    let (second, _) = b.send(&key, &[]).await;
+    let (first, first_type) = a.send_for_type(&key, &raw).await;
+    let (second, second_type) = b.send_for_type(&key, &[]).await;
     let kept = rows(&pool, &key).await;
     let mut writers = kept.clone();
     writers.dedup();
     assert!(writers.len() <= 1, "rows of two runs: {kept:?}");
     match (first, second) {
         // The handler's COMMIT was found: the key is kept, not replayed.
-        (500, 409) => assert!(!kept.is_empty(), "{kept:?}"),
+        (500, 409) => {
+            assert!(!kept.is_empty(), "{kept:?}");
+            assert_eq!(first_type, "urn:idem:problem:transaction-ended");
+            assert_eq!(second_type, "urn:idem:problem:not-replayable");
+        }
         // Nothing of the first attempt was kept (SQLite refused its
         // COMMIT, which the handler answered with a 500): the retry ran,
         // once.

@@ -328,8 +328,15 @@ async fn a_mysql_transactional_first_request_costs_one_round_trip_more_than_the_
         .count();
 
     let before = trips.settled().await;
+    let sent_before = trips.sends().len();
     assert_eq!(send("/idem", format!("{nonce}-first")).await, (201, true));
     let duplicate = trips.settled().await - before;
+    // A duplicate's claim is never lent to a handler: its ROLLBACK goes
+    // alone, without setting the session back (`mysql.rs`, `end_transaction`).
+    let session_set_back = trips.sends()[sent_before..]
+        .iter()
+        .filter(|send| send.windows(10).any(|w| w == b"autocommit"))
+        .count();
     assert_eq!(rows().await - rows_before, 1, "one order for the key");
     let (prepared, executed) = prepared_sql(&pool).await;
     let (prepared, executed) = (prepared - sql_before.0, executed - sql_before.1);
@@ -360,6 +367,7 @@ async fn a_mysql_transactional_first_request_costs_one_round_trip_more_than_the_
         rollbacks, 1,
         "one ROLLBACK of nothing, as the connection is released"
     );
+    assert_eq!(session_set_back, 0, "a duplicate set its session back");
     assert_eq!(
         first,
         bare + 2,
